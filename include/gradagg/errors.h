@@ -1,0 +1,96 @@
+// Errors raised by gradagg. Two kinds, as in gloo:
+//  - recoverable, typed errors for users, all derived from gradagg::Error;
+//  - broken invariants (bugs), raised as gradagg::InternalError with file and line.
+// Operating-system failures are std::system_error (fmt::system_error) and keep errno.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace gradagg {
+
+// Where a worker is in a step. Written by the worker as it moves; named in errors.
+enum class Phase : std::uint32_t {
+  kStarting,         // forked, setting up its replica
+  kWaiting,          // idle, waiting for the parent's next command
+  kLoadingSnapshot,  // copying the parent's buffers, clearing its slot
+  kShard,            // running the user's shard function (forward, loss)
+  kBackward,         // autograd writing gradients into its slot
+  kWritingSlot,      // checking gradients, writing sample count, loss, buffers
+  kReducing,         // summing a range of the gradient over all slots
+  kStopping,         // told to exit
+};
+const char* phaseName(Phase phase);
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Bad input from the caller: names the field or parameter, what was expected and what was got.
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+// Anything that concerns one worker: carries its rank and the phase it was in.
+class WorkerError : public Error {
+ public:
+  WorkerError(const std::string& what, int rank, Phase phase)
+      : Error(what), rank_(rank), phase_(phase) {}
+  int rank() const noexcept { return rank_; }
+  Phase phase() const noexcept { return phase_; }
+
+ private:
+  int rank_;
+  Phase phase_;
+};
+
+// The user's shard function threw, or returned something unusable (no loss, a
+// non-positive sample count, a gradient of the wrong shape). The step is not
+// applied; the workers are alive and the aggregator stays usable.
+class WorkerFailed : public WorkerError {
+ public:
+  WorkerFailed(const std::string& what, int rank, Phase phase, std::string message)
+      : WorkerError(what, rank, phase), message_(std::move(message)) {}
+  // The worker's own message (e.g. the exception's what()).
+  const std::string& message() const noexcept { return message_; }
+
+ private:
+  std::string message_;
+};
+
+// A worker process exited or was killed. The step is not applied; the other
+// workers are stopped and the aggregator is no longer usable.
+class WorkerDied : public WorkerError {
+ public:
+  WorkerDied(const std::string& what, int rank, Phase phase, int exit_status, int signal)
+      : WorkerError(what, rank, phase), exit_status_(exit_status), signal_(signal) {}
+  int exitStatus() const noexcept { return exit_status_; }  // -1 when killed by a signal
+  int signal() const noexcept { return signal_; }            // 0 when it exited
+ private:
+  int exit_status_;
+  int signal_;
+};
+
+// A worker did not finish within Options::step_timeout. The step is not applied;
+// the workers are stopped and the aggregator is no longer usable.
+class StepTimeout : public WorkerError {
+ public:
+  using WorkerError::WorkerError;
+};
+
+// step() after shutdown() or after an error that stopped the workers.
+class NotUsable : public Error {
+ public:
+  using Error::Error;
+};
+
+// A broken invariant inside gradagg: a bug, please report it.
+class InternalError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace gradagg

@@ -1,0 +1,8 @@
+// gradagg: one model trained by forked worker processes on one machine, with the
+// result of single-process training. Umbrella header.
+#pragma once
+
+#include <gradagg/aggregator.h>
+#include <gradagg/errors.h>
+#include <gradagg/options.h>
+#include <gradagg/step_report.h>

@@ -1,0 +1,27 @@
+// What one step did: the loss, the samples and the time spent in each phase.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace gradagg {
+
+struct WorkerReport {
+  double loss = 0;          // the loss the shard function returned
+  std::int64_t samples = 0; // the sample count the shard function returned
+  double shard_ms = 0;      // user's shard function (forward and loss)
+  double backward_ms = 0;   // autograd into the slot
+};
+
+struct StepReport {
+  std::int64_t step = 0;     // 0 for the first step
+  double loss = 0;           // mean of the worker losses with the step's weights
+  std::int64_t samples = 0;  // sum over workers
+  double publish_ms = 0;     // parent: checking the snapshot and waking the workers
+  double compute_ms = 0;     // parent: from waking the workers to the last slot complete
+  double reduce_ms = 0;      // summing the slots into the mean gradient
+  double total_ms = 0;       // the whole step() call
+  std::vector<WorkerReport> workers;  // by rank
+};
+
+}  // namespace gradagg

@@ -1,0 +1,139 @@
+// The segment's layout: plain data at fixed offsets, no pointers, no containers.
+//
+// The segment is one anonymous shared mapping. The parent creates it before it
+// forks the workers, so each worker inherits it at the same address, and it never
+// has a name in /dev/shm. Every region starts on a 64-byte boundary; the snapshot
+// starts and ends on a page boundary so a worker can map it read-only.
+//
+//   0                 +---------------------------------------------------+
+//                     | Header                                            |
+//                     |   identity: magic, layout version, sizes, offsets |
+//                     |   command line: command_seq, command, step        |
+//                     |   arrival line: remaining                         |
+//   control_offset    +---------------------------------------------------+
+//                     | WorkerControl[0] | WorkerControl[1] | ... [N-1]   |
+//   snapshot_offset   +---------------------------------------------------+ page
+//                     | parameters  (the parent's master values)          |
+//                     | buffers     (the parent's master values)          |
+//   result_offset     +---------------------------------------------------+ page
+//                     | mean gradient (the parent's .grad views)          |
+//   slots_offset      +---------------------------------------------------+
+//                     | slot 0:  gradient | has-grad flags | buffers      |
+//                     | slot 1:  ...                                      |
+//                     | slot N-1                                          |
+//   segment_bytes     +---------------------------------------------------+
+//
+// Parameter k's gradient lies at the same offset (TensorEntry::offset) in the
+// snapshot's parameter area, in the result and in every slot's gradient area: one
+// flat byte range [0, param_bytes) names the same parameters everywhere, so it can
+// be cut into ranges and buckets. Buffers do the same within [0, buffer_bytes).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace gradagg::detail {
+
+inline constexpr std::uint64_t kMagic = 0x3167'6761'6461'7267ULL;  // "grdagg1"
+inline constexpr std::uint32_t kLayoutVersion = 1;
+inline constexpr std::size_t kAlign = 64;
+inline constexpr std::size_t kMessageBytes = 1024;
+
+constexpr std::size_t alignUp(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+// What the parent asks of the workers; written before command_seq is bumped.
+enum class Command : std::uint32_t { kNone = 0, kStep = 1, kStop = 2 };
+
+// How a worker's part of a step ended; written before it arrives.
+enum class SlotStatus : std::uint32_t { kOk = 0, kFailed = 1 };
+
+// The sizes everything else is derived from.
+struct LayoutSizes {
+  std::uint32_t workers = 0;
+  std::uint32_t param_count = 0;
+  std::uint32_t buffer_count = 0;
+  std::uint64_t param_bytes = 0;   // sum of aligned parameter sizes
+  std::uint64_t buffer_bytes = 0;  // sum of aligned buffer sizes
+};
+
+// Offsets of every region, all derived from LayoutSizes by plan().
+struct Layout {
+  LayoutSizes sizes;
+  std::uint64_t control_offset = 0;
+  std::uint64_t snapshot_offset = 0;  // parameters, then buffers at snapshot_buffers_offset
+  std::uint64_t snapshot_buffers_offset = 0;
+  std::uint64_t result_offset = 0;
+  std::uint64_t slots_offset = 0;
+  std::uint64_t slot_bytes = 0;          // stride between slots
+  std::uint64_t slot_flags_offset = 0;   // within a slot; gradient is at 0
+  std::uint64_t slot_buffers_offset = 0; // within a slot
+  std::uint64_t segment_bytes = 0;
+
+  static Layout plan(const LayoutSizes& sizes, std::size_t page_bytes);
+  std::uint64_t slotOffset(int rank) const { return slots_offset + slot_bytes * rank; }
+  bool operator==(const Layout& other) const;
+};
+
+// At offset 0. Identity fields are written once by the parent before fork;
+// the protocol fields each sit on their own cache line.
+struct alignas(kAlign) Header {
+  // ---- identity: written by the parent at creation, read by workers at start.
+  std::uint64_t magic;
+  std::uint32_t layout_version;
+  std::uint32_t header_bytes;  // sizeof(Header), so a different build is caught
+  std::uint64_t page_bytes;
+  Layout layout;
+
+  // ---- command line. Written by the parent only, while every worker is idle:
+  // command and step first, then command_seq incremented (release) and woken.
+  // Workers wait for command_seq to change, then read command and step.
+  alignas(kAlign) std::atomic<std::uint32_t> command_seq;
+  std::uint32_t command;   // a Command
+  std::uint32_t training;  // the parent model's is_training(), applied to every replica
+  std::int64_t step;       // the step number the shard functions are told
+
+  // ---- arrival line. Set to N by the parent before it bumps command_seq; each
+  // worker decrements it once (acq_rel) after its slot and WorkerControl are
+  // complete; the one that reaches 0 wakes the parent, which waits on it.
+  alignas(kAlign) std::atomic<std::uint32_t> remaining;
+};
+
+// One per worker, after the header. Written by worker `rank` only (the parent
+// reads it after that worker arrived, or after it died or timed out).
+struct alignas(kAlign) WorkerControl {
+  // Written by the worker as it moves from phase to phase (relaxed); read by the
+  // parent to name the phase in an error.
+  std::atomic<std::uint32_t> phase;
+  // The command_seq this worker last completed; stored (release) just before it
+  // decrements `remaining`. The parent compares it to name late workers.
+  std::atomic<std::uint32_t> done_seq;
+  // Written before done_seq; read by the parent after `remaining` reached 0.
+  std::uint32_t status;        // a SlotStatus
+  std::uint32_t failed_phase;  // the Phase a kFailed status happened in
+  std::int32_t pid;
+  std::int64_t samples;
+  double loss;
+  double shard_ms;
+  double backward_ms;
+  // NUL-terminated message when status == kFailed (the worker's exception).
+  char message[kMessageBytes];
+};
+
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t),
+              "futex words must be plain 32-bit integers");
+static_assert(sizeof(Header) % kAlign == 0 && sizeof(WorkerControl) % kAlign == 0);
+static_assert(offsetof(Header, magic) == 0);
+
+// Checks what a process finds at the start of a mapping of `mapping_bytes`:
+// magic, version, header size, and that the stored offsets are exactly those
+// plan() derives from the stored sizes and all lie inside the mapping.
+// Returns an empty string when valid, otherwise what is wrong.
+std::string validateHeader(const void* base, std::size_t mapping_bytes);
+
+// Writes the identity part of a header at `base` (zero-filled memory).
+void initHeader(void* base, const Layout& layout, std::size_t page_bytes);
+
+}  // namespace gradagg::detail

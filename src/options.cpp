@@ -1,0 +1,42 @@
+#include <gradagg/options.h>
+
+#include <sched.h>
+
+#include <algorithm>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include <gradagg/errors.h>
+
+namespace gradagg {
+
+int availableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+void Options::validate() const {
+  if (workers < 1 || workers > kMaxWorkers)
+    throw InvalidArgument(
+        fmt::format("Options.workers: expected 1..{}, got {}", kMaxWorkers, workers));
+  if (threads_per_worker < 0)
+    throw InvalidArgument(fmt::format(
+        "Options.threads_per_worker: expected >= 0 (0 = cores / workers), got {}",
+        threads_per_worker));
+  if (step_timeout.count() <= 0)
+    throw InvalidArgument(
+        fmt::format("Options.step_timeout: expected > 0 ms, got {} ms", step_timeout.count()));
+  if (shutdown_timeout.count() < 0)
+    throw InvalidArgument(fmt::format("Options.shutdown_timeout: expected >= 0 ms, got {} ms",
+                                      shutdown_timeout.count()));
+}
+
+int Options::resolvedThreadsPerWorker() const {
+  if (threads_per_worker > 0) return threads_per_worker;
+  return std::max(1, availableCores() / std::max(1, workers));
+}
+
+}  // namespace gradagg

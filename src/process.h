@@ -1,0 +1,52 @@
+// ProcessSet: the parent's worker processes, forked once. The destructor kills
+// and reaps whatever still runs, so an exception or a failing test never leaks one.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gradagg::detail {
+
+struct ProcessExit {
+  int exit_status = -1;  // when it exited; -1 when killed by a signal
+  int signal = 0;        // when killed by a signal
+  std::string describe() const;  // "exited with status 3" / "was killed by signal 9 (Killed)"
+};
+
+class ProcessSet {
+ public:
+  ProcessSet() = default;
+  ProcessSet(const ProcessSet&) = delete;
+  ProcessSet& operator=(const ProcessSet&) = delete;
+  ~ProcessSet() { killAll(); }
+
+  // Forks a child that arms PR_SET_PDEATHSIG(SIGKILL), checks its parent is
+  // still the one that forked it, ignores SIGINT (the parent decides), runs
+  // body() and _exits with its result. Returns the child's pid in the parent;
+  // never returns in the child. Flushes stdio first so nothing is printed twice.
+  pid_t spawn(const std::function<int()>& body);
+
+  std::size_t size() const noexcept { return children_.size(); }
+  pid_t pid(std::size_t i) const { return children_[i].pid; }
+
+  // Non-blocking: how child i ended, or nothing while it runs.
+  std::optional<ProcessExit> poll(std::size_t i);
+  // Waits until every child has ended or `timeout` passed; true when all ended.
+  bool waitAll(std::chrono::milliseconds timeout);
+  // SIGKILL every child still running, then reap it. Idempotent.
+  void killAll() noexcept;
+
+ private:
+  struct Child {
+    pid_t pid = -1;
+    std::optional<ProcessExit> exit;  // set once reaped
+  };
+  std::vector<Child> children_;
+};
+
+}  // namespace gradagg::detail

@@ -1,0 +1,28 @@
+// The worker side of the step protocol: what a forked child runs.
+#pragma once
+
+#include <gradagg/aggregator.h>
+
+#include "layout.h"
+#include "model_binding.h"
+#include "segment.h"
+
+namespace gradagg::detail {
+
+struct WorkerSetup {
+  int rank = 0;
+  int threads = 1;
+  const Segment* segment = nullptr;  // inherited mapping, same address as the parent's
+  ModelBinding* binding = nullptr;   // this process's copy (fork), naming its replica's tensors
+  torch::nn::Module* model = nullptr;  // the replica
+  const ShardFn* shard = nullptr;
+  pid_t parent = 0;
+};
+
+// Runs in the child right after fork and returns its exit status. The work runs
+// on a fresh thread: libgomp's thread pool state inherited from a parent that
+// already ran parallel regions hangs the forked main thread's next parallel
+// region, while a new thread builds a new pool.
+int workerMain(const WorkerSetup& setup) noexcept;
+
+}  // namespace gradagg::detail
