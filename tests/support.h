@@ -1,0 +1,69 @@
+// Test models, data, shards and the independent single-process reference.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <gradagg/gradagg.h>
+
+namespace gradagg_test {
+
+enum class ModelKind { kLinear, kMlp, kConvBnEval, kConvBnTrain };
+std::string kindName(ModelKind kind);
+
+// A model with its own loss, so a test can run it the same way in the workers
+// and in the single-process reference.
+struct TestModel : torch::nn::Module {
+  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+  virtual torch::Tensor loss(const torch::Tensor& out, const torch::Tensor& y) = 0;
+  ModelKind kind = ModelKind::kLinear;
+};
+
+// Deterministic model (seeded) in the given dtype and train/eval mode.
+std::shared_ptr<TestModel> makeModel(ModelKind kind, torch::Dtype dtype, uint64_t seed = 7);
+// A fresh model of the same kind with the same parameter and buffer values.
+std::shared_ptr<TestModel> copyModel(TestModel& from);
+
+struct Data {
+  torch::Tensor x, y;
+};
+Data makeData(ModelKind kind, int64_t batch, torch::Dtype dtype, uint64_t seed = 11);
+
+// Row boundaries of `workers` shards of `batch` rows: equal as far as possible,
+// or deliberately unequal (1, 2, 3, ... parts).
+std::vector<int64_t> shardBounds(int64_t batch, int workers, bool unequal);
+
+// A shard function: worker r computes model.loss on rows [bounds[r], bounds[r+1]).
+gradagg::ShardFn shardFn(TestModel& model, const Data& data, std::vector<int64_t> bounds);
+
+// Gradients by single-process autograd (cloned; undefined where none), of
+//  - the loss of the concatenated batch, or
+//  - sum_i w_i * loss_i over shards with w_i = n_i / N (by samples) or 1 / workers.
+std::vector<torch::Tensor> fullBatchGrads(TestModel& model, const Data& data);
+std::vector<torch::Tensor> perShardGrads(TestModel& model, const Data& data,
+                                         const std::vector<int64_t>& bounds, bool by_samples);
+std::vector<torch::Tensor> gradsOf(torch::nn::Module& model);
+
+// ||a - b|| / max(||b||, tiny), in double.
+double relErr(const torch::Tensor& a, const torch::Tensor& b);
+// Fails the test with the parameter name when a relative error exceeds tol.
+void expectClose(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want,
+                 double tol, const std::string& what);
+
+// Child processes of this process (all threads), from /proc.
+std::vector<pid_t> childPids();
+
+// Every test derives from this: it fails a test that leaves a child process behind.
+class GradaggTest : public ::testing::Test {
+ protected:
+  void TearDown() override;
+};
+
+}  // namespace gradagg_test
