@@ -168,11 +168,12 @@ class Worker {
       const at::Tensor& t = p.tensor;
       if (t.data_ptr() != s_.binding->paramRegion() + p.offset || !t.sizes().equals(p.sizes) ||
           t.scalar_type() != p.dtype) {
+        const std::string now = describeTensor(t);
         t.set_data(viewAt(p, s_.binding->paramRegion()));  // undo it for the next step
         throw InvalidArgument(fmt::format(
-            "parameter '{}' was replaced in the worker's replica (now {}, expected {}); the "
-            "shard function must not replace parameters",
-            p.name, describeTensor(t), describeShape(p.sizes, p.dtype)));
+            "parameter '{}' was replaced in the worker's replica (now {} in other memory, the "
+            "snapshot holds {}); the shard function must not replace parameters",
+            p.name, now, describeShape(p.sizes, p.dtype)));
       }
       if (!p.requires_grad) continue;
       const at::Tensor& g = t.grad();
