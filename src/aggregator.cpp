@@ -6,15 +6,18 @@
 //
 // A step, in the words of layout.h:
 //   1. publish: check that every tensor still lives in the snapshot (the
-//      optimizer updated it in place: nothing to copy), write the command, set
-//      `remaining` to N, bump command_seq and wake the workers;
+//      optimizer updated it in place: nothing to copy); write the command, the
+//      step, the train/eval mode and which result to fill (the one .grad does
+//      not view); set `computed` and `reduced` to N; bump command_seq; wake;
 //   2. compute: each worker loads the snapshot, runs the shard function and
-//      backward into its slot, and arrives; the parent waits on `remaining` with
-//      a deadline, checking that every worker is alive;
-//   3. reduce: the weighted sum of the slots, parameter by parameter, in rank
-//      order, into the result region that the parameters' .grad view;
-//   4. buffers follow Options::buffers.
-// Nothing the user can see changes before step 3, so a failed step changes
+//      backward into its slot, and arrives on `computed`;
+//   3. reduce: once all have, each worker sums its range of the flat gradient
+//      over all slots, in rank order, into the result, and arrives on `reduced`.
+//      The parent waits on `reduced` with a deadline, checking every slice that
+//      each worker is alive;
+//   4. apply: the parameters' .grad move to the new result (or become undefined
+//      where no worker produced a gradient); buffers follow Options::buffers.
+// Nothing the user can see changes before step 4, so a failed step changes
 // nothing: not the parameters, not .grad, not the buffers.
 #include <gradagg/aggregator.h>
 
@@ -22,6 +25,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_set>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -46,11 +50,10 @@ namespace {
 constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr auto kLivenessSlice = std::chrono::milliseconds(50);
 
-std::optional<ElementType> elementType(c10::ScalarType t) {
-  if (t == at::kFloat) return ElementType::kFloat32;
-  if (t == at::kDouble) return ElementType::kFloat64;
-  return std::nullopt;
+ElementType elementType(c10::ScalarType t) {
+  return t == at::kDouble ? ElementType::kFloat64 : ElementType::kFloat32;
 }
+bool isReducible(c10::ScalarType t) { return t == at::kFloat || t == at::kDouble; }
 }  // namespace
 
 struct Aggregator::Impl {
@@ -62,55 +65,45 @@ struct Aggregator::Impl {
   Segment segment;
   ModelBinding binding;
   Layout layout;
+  std::vector<FlatTensor> flat;        // the parameters as the reduction sees them
+  std::vector<ByteRange> ranges;       // worker r reduces ranges[r]
+  std::vector<const c10::TensorImpl*> param_list;  // model.parameters() at construction
   ProcessSet processes;
 
   bool usable = false;
   std::string unusable_reason;
   std::int64_t steps_done = 0;
-  std::uint32_t seq = 0;  // the command_seq of the last command
+  std::uint32_t seq = 0;          // the command_seq of the last command
+  std::uint32_t grad_result = 1;  // the result .grad views; a step fills the other
+  std::vector<at::Tensor> result_views[2];  // per parameter, into each result
   StepReport report;
-  std::vector<at::Tensor> grad_views;  // result views, one per parameter
-  std::vector<const void*> inputs;      // reused by the reduction
+  std::vector<const void*> inputs;  // reused by the buffer mean
+  std::vector<std::int64_t> samples;
   std::vector<double> weights;
 
   Impl(torch::nn::Module& m, ShardFn fn, Options opts)
-      : options((opts.validate(), opts)), model(&m), shard(std::move(fn)), binding(m) {
+      : options((opts.validate(), std::move(opts))), model(&m), shard(std::move(fn)), binding(m) {
     if (!shard) throw InvalidArgument("shard function: expected a callable, got an empty ShardFn");
     const int n = options.workers;
     layout = Layout::plan(binding.sizes(n), pageBytes());
     segment = Segment::createAnonymous(layout.segment_bytes);
     initHeader(segment.base(), layout, pageBytes());
-    for (int r = 0; r < n; ++r) {
-      WorkerControl& c = control(r);
-      c.done_seq.store(0xffff'ffffu, std::memory_order_relaxed);  // "never arrived"
-      c.phase.store(static_cast<std::uint32_t>(Phase::kStarting), std::memory_order_relaxed);
-    }
-    std::byte* params = segment.base() + layout.snapshot_offset;
-    binding.adopt(params, segment.base() + layout.snapshot_buffers_offset, segment.base(),
+    binding.adopt(segment.base() + layout.snapshot_offset,
+                  segment.base() + layout.snapshot_buffers_offset, segment.base(),
                   segment.base() + segment.size());
-    for (const TensorEntry& p : binding.params())
-      grad_views.push_back(viewAt(p, segment.base() + layout.result_offset));
+    for (const TensorEntry& p : binding.params()) {
+      flat.push_back(FlatTensor{p.offset, static_cast<std::uint64_t>(p.tensor.numel()),
+                                elementType(p.dtype)});
+      for (int i = 0; i < 2; ++i)
+        result_views[i].push_back(viewAt(p, segment.base() + layout.result_offset[i]));
+    }
+    ranges = splitRanges(layout.sizes.param_bytes, n);
+    for (const auto& p : model->parameters()) param_list.push_back(p.unsafeGetTensorImpl());
     inputs.resize(n);
+    samples.resize(n);
     weights.resize(n);
     report.workers.resize(n);
-
-    header().remaining.store(n, std::memory_order_relaxed);
-    const int threads = options.resolvedThreadsPerWorker();
-    const pid_t parent = ::getpid();
-    for (int r = 0; r < n; ++r) {
-      processes.spawn([&, r] {
-        WorkerSetup s{r, threads, &segment, &binding, model, &shard, parent};
-        return workerMain(s);
-      });
-    }
-    awaitArrivals(0, "start-up");
-    for (int r = 0; r < n; ++r) {
-      if (control(r).status != static_cast<std::uint32_t>(SlotStatus::kOk))
-        fail<WorkerFailed>(r, fmt::format("gradagg: worker {} failed to start: {}", r,
-                                          control(r).message),
-                           std::string(control(r).message));
-    }
-    usable = true;
+    startWorkers();
   }
 
   ~Impl() { shutdown(); }
@@ -120,7 +113,54 @@ struct Aggregator::Impl {
     return *reinterpret_cast<WorkerControl*>(segment.base() + layout.control_offset +
                                              sizeof(WorkerControl) * r);
   }
-  Phase phaseOf(int r) { return static_cast<Phase>(control(r).phase.load(std::memory_order_relaxed)); }
+  Phase phaseOf(int r) {
+    return static_cast<Phase>(control(r).phase.load(std::memory_order_relaxed));
+  }
+  SlotStatus statusOf(int r) { return static_cast<SlotStatus>(control(r).status); }
+
+  // Forks a fresh group of workers and waits until each has set up its replica.
+  void startWorkers() {
+    processes.killAll();
+    processes.clear();
+    const int n = options.workers;
+    const std::uint32_t start = header().command_seq.load(std::memory_order_relaxed);
+    for (int r = 0; r < n; ++r) {
+      WorkerControl& c = control(r);
+      c.done_seq.store(start - 1, std::memory_order_relaxed);  // "not arrived"
+      c.phase.store(static_cast<std::uint32_t>(Phase::kStarting), std::memory_order_relaxed);
+      c.status = static_cast<std::uint32_t>(SlotStatus::kOk);
+      c.message[0] = '\0';
+    }
+    header().reduced.store(static_cast<std::uint32_t>(n), std::memory_order_relaxed);
+    const int threads = options.resolvedThreadsPerWorker();
+    const pid_t parent = ::getpid();
+    for (int r = 0; r < n; ++r) {
+      processes.spawn([&, r] {
+        WorkerSetup s;
+        s.rank = r;
+        s.threads = threads;
+        s.start_seq = start;
+        s.segment = &segment;
+        s.binding = &binding;
+        s.model = model;
+        s.shard = &shard;
+        s.options = &options;
+        s.flat = &flat;
+        s.range = ranges[r];
+        s.parent = parent;
+        return workerMain(s);
+      });
+    }
+    seq = start;
+    awaitReduced("start-up");
+    for (int r = 0; r < n; ++r) {
+      if (statusOf(r) != SlotStatus::kOk)
+        fail<WorkerFailed>(r, fmt::format("gradagg: worker {} failed to start: {}", r,
+                                          control(r).message),
+                           std::string(control(r).message));
+    }
+    usable = true;
+  }
 
   // Stops the workers, marks the aggregator unusable and throws E.
   template <typename E, typename... Args>
@@ -132,29 +172,40 @@ struct Aggregator::Impl {
     throw E(what, rank, phase, std::forward<Args>(extra)...);
   }
 
-  // Waits until every worker has arrived for command `expected_seq`, with the
-  // step deadline and a liveness check every slice.
-  void awaitArrivals(std::uint32_t expected_seq, const char* what) {
-    auto& remaining = header().remaining;
+  // Waits until every worker has arrived on `reduced` for command `seq`, with
+  // the step deadline and a liveness check every slice.
+  void awaitReduced(const char* what) {
+    auto& reduced = header().reduced;
     const auto deadline = Clock::now() + options.step_timeout;
-    std::uint32_t r = spinWhileEqual(remaining, remaining.load(std::memory_order_acquire), kSpin);
+    std::uint32_t r = reduced.load(std::memory_order_acquire);
+    if (r != 0) r = spinWhileEqual(reduced, r, kSpin);
     for (;;) {
-      r = remaining.load(std::memory_order_acquire);
+      r = reduced.load(std::memory_order_acquire);
       if (r == 0) return;
       checkAlive(what);
       const auto now = Clock::now();
       if (now >= deadline) {
-        for (int k = 0; k < options.workers; ++k) {
-          if (control(k).done_seq.load(std::memory_order_acquire) == expected_seq) continue;
-          fail<StepTimeout>(k, fmt::format("gradagg: worker {} did not finish {} within {} ms (it "
-                                           "is in phase '{}'); the workers were stopped",
-                                           k, what, options.step_timeout.count(),
-                                           phaseName(phaseOf(k))));
-        }
-        GRADAGG_ENFORCE(false, "deadline passed with {} workers remaining but none late", r);
+        const int k = lateRank();
+        fail<StepTimeout>(k, fmt::format("gradagg: worker {} did not finish {} within {} ms (it "
+                                         "is in phase '{}'); the workers were stopped",
+                                         k, what, options.step_timeout.count(),
+                                         phaseName(phaseOf(k))));
       }
-      futexWait(remaining, r, std::min<Clock::duration>(kLivenessSlice, deadline - now));
+      futexWait(reduced, r, std::min<Clock::duration>(kLivenessSlice, deadline - now));
     }
+  }
+
+  // The worker to blame for a missed deadline: the first that has not reached
+  // the reduction (the others wait there for it), else the first not done.
+  int lateRank() {
+    int not_done = -1;
+    for (int k = 0; k < options.workers; ++k) {
+      if (control(k).done_seq.load(std::memory_order_acquire) == seq) continue;
+      if (phaseOf(k) != Phase::kReducing) return k;
+      if (not_done < 0) not_done = k;
+    }
+    GRADAGG_ENFORCE(not_done >= 0, "deadline passed but every worker is done");
+    return not_done;
   }
 
   void checkAlive(const char* what) {
@@ -175,73 +226,121 @@ struct Aggregator::Impl {
 
   void command(Command c) {
     Header& h = header();
+    const auto n = static_cast<std::uint32_t>(options.workers);
     h.command = static_cast<std::uint32_t>(c);
     h.step = steps_done;
     h.training = model->is_training() ? 1 : 0;
-    h.remaining.store(static_cast<std::uint32_t>(options.workers), std::memory_order_relaxed);
+    h.result_index = 1 - grad_result;
+    h.computed.store(n, std::memory_order_relaxed);
+    h.reduced.store(n, std::memory_order_relaxed);
     seq = h.command_seq.fetch_add(1, std::memory_order_release) + 1;
     futexWakeAll(h.command_seq);
   }
 
-  const StepReport& step() {
-    if (!usable) throw NotUsable("gradagg: the aggregator is not usable: " + unusable_reason);
-    const auto t0 = Clock::now();
+  void verifyModel() {
+    const auto now = model->parameters();
+    bool same = now.size() == param_list.size();
+    for (std::size_t k = 0; same && k < now.size(); ++k)
+      same = now[k].unsafeGetTensorImpl() == param_list[k];
+    if (!same)
+      throw InvalidArgument(fmt::format(
+          "the model's parameter list changed since the Aggregator was created ({} parameters "
+          "then, {} now, or other tensors); the workers' replicas were forked with the old one: "
+          "create a new Aggregator",
+          param_list.size(), now.size()));
     binding.verify();
+  }
+
+  const StepReport& step() {
+    for (;;) {
+      if (!usable) throw NotUsable("gradagg: the aggregator is not usable: " + unusable_reason);
+      try {
+        return runStep();
+      } catch (const WorkerDied&) {
+        if (!restart()) throw;
+      } catch (const StepTimeout&) {
+        if (!restart()) throw;
+      }
+    }
+  }
+
+  bool restart() {
+    if (report.restarts >= options.max_restarts) return false;
+    ++report.restarts;
+    startWorkers();
+    return true;
+  }
+
+  const StepReport& runStep() {
+    const auto t0 = Clock::now();
+    verifyModel();
     command(Command::kStep);
     const auto t1 = Clock::now();
     const std::string what = fmt::format("step {}", steps_done);
-    awaitArrivals(seq, what.c_str());
+    awaitReduced(what.c_str());
     const auto t2 = Clock::now();
     for (int r = 0; r < options.workers; ++r) {
-      WorkerControl& c = control(r);
-      if (c.status != static_cast<std::uint32_t>(SlotStatus::kOk))
+      if (statusOf(r) == SlotStatus::kFailed) {
+        const auto phase = static_cast<Phase>(control(r).failed_phase);
         throw WorkerFailed(fmt::format("gradagg: worker {} failed in phase '{}' of step {}: {}", r,
-                                       phaseName(lastPhase(r)), steps_done, c.message),
-                           r, lastPhase(r), c.message);
+                                       phaseName(phase), steps_done, control(r).message),
+                           r, phase, control(r).message);
+      }
+      if (statusOf(r) == SlotStatus::kNonFinite) return nonFinite(r, t0, t1, t2);
     }
-    computeWeights();
-    reduceGradients();
+    report.consecutive_skips = 0;
+    report.skipped = false;
+    for (int r = 0; r < options.workers; ++r) samples[r] = control(r).samples;
+    computeWeights(options.weighting == Weighting::kEqual, samples.data(), options.workers,
+                   weights.data());
+    applyGradients();
     syncBuffers();
-    const auto t3 = Clock::now();
-    fillReport(t0, t1, t2, t3);
+    fillReport(t0, t1, t2, Clock::now());
     ++steps_done;
     return report;
   }
 
-  // The phase a worker failed in: it is kWaiting again once it arrived, so the
-  // failure phase is recorded separately: the phase before arriving.
-  Phase lastPhase(int r) { return static_cast<Phase>(control(r).failed_phase); }
-
-  void computeWeights() {
-    const int n = options.workers;
-    double total = 0;
-    for (int r = 0; r < n; ++r) total += static_cast<double>(control(r).samples);
-    for (int r = 0; r < n; ++r)
-      weights[r] = options.weighting == Weighting::kEqual
-                       ? 1.0 / n
-                       : static_cast<double>(control(r).samples) / total;
+  const StepReport& nonFinite(int r, Clock::time_point t0, Clock::time_point t1,
+                              Clock::time_point t2) {
+    const int k = control(r).bad_param;
+    const std::string param = k >= 0 ? binding.params()[k].name : "";
+    const std::string message = control(r).message;
+    const bool skip = options.non_finite == NonFinitePolicy::kSkipStep;
+    if (skip && report.consecutive_skips < options.max_consecutive_skips) {
+      for (TensorEntry& p : binding.params())
+        if (p.tensor.grad().defined()) p.tensor.mutable_grad() = at::Tensor();
+      ++report.consecutive_skips;
+      ++report.skipped_total;
+      report.skipped = true;
+      std::fill(weights.begin(), weights.end(), 0.0);
+      fillReport(t0, t1, t2, Clock::now());
+      ++steps_done;
+      return report;
+    }
+    const std::string why =
+        skip ? fmt::format("; {} consecutive steps were skipped already (max_consecutive_skips)",
+                           report.consecutive_skips)
+             : "";
+    throw NonFiniteGradient(fmt::format("gradagg: worker {} in step {}: {}{}", r, steps_done,
+                                        message, why),
+                            r, Phase::kWritingSlot, message, param);
   }
 
-  void reduceGradients() {
-    const int n = options.workers;
+  // .grad of every parameter some worker flagged becomes a view of the new result.
+  void applyGradients() {
+    const std::uint32_t fresh = 1 - grad_result;
     auto& params = binding.params();
-    std::byte* result = segment.base() + layout.result_offset;
     for (std::size_t k = 0; k < params.size(); ++k) {
-      TensorEntry& p = params[k];
       bool any = false;
-      for (int r = 0; r < n; ++r) {
-        const std::byte* slot = segment.base() + layout.slotOffset(r);
-        any = any || slot[layout.slot_flags_offset + k] != std::byte{0};
-        inputs[r] = slot + p.offset;
-      }
-      if (!any) {
-        if (p.tensor.grad().defined()) p.tensor.mutable_grad() = at::Tensor();
-        continue;
-      }
-      weightedSum(*elementType(p.dtype), result + p.offset, inputs.data(), weights.data(), n,
-                  static_cast<std::size_t>(p.tensor.numel()));
-      if (!p.tensor.grad().is_same(grad_views[k])) p.tensor.mutable_grad() = grad_views[k];
+      for (int r = 0; r < options.workers && !any; ++r)
+        any = segment.base()[layout.slotOffset(r) + layout.slot_flags_offset + k] != std::byte{0};
+      TensorEntry& p = params[k];
+      if (any)
+        p.tensor.mutable_grad() = result_views[fresh][k];
+      else if (p.tensor.grad().defined())
+        p.tensor.mutable_grad() = at::Tensor();
     }
+    grad_result = fresh;
   }
 
   void syncBuffers() {
@@ -252,10 +351,9 @@ struct Aggregator::Impl {
       return segment.base() + layout.slotOffset(r) + layout.slot_buffers_offset;
     };
     for (TensorEntry& b : binding.buffers()) {
-      const auto type = elementType(b.dtype);
-      if (options.buffers == BufferSync::kMean && type) {
+      if (options.buffers == BufferSync::kMean && isReducible(b.dtype)) {
         for (int r = 0; r < n; ++r) inputs[r] = slotBuffers(r) + b.offset;
-        weightedSum(*type, master + b.offset, inputs.data(), weights.data(), n,
+        weightedSum(elementType(b.dtype), master + b.offset, inputs.data(), weights.data(), n,
                     static_cast<std::size_t>(b.tensor.numel()));
       } else {
         std::memcpy(master + b.offset, slotBuffers(0) + b.offset, b.bytes);
@@ -293,7 +391,7 @@ struct Aggregator::Impl {
 };
 
 Aggregator::Aggregator(torch::nn::Module& model, ShardFn shard, Options options)
-    : impl_(std::make_unique<Impl>(model, std::move(shard), options)) {}
+    : impl_(std::make_unique<Impl>(model, std::move(shard), std::move(options))) {}
 Aggregator::~Aggregator() = default;
 Aggregator::Aggregator(Aggregator&&) noexcept = default;
 Aggregator& Aggregator::operator=(Aggregator&&) noexcept = default;
@@ -309,5 +407,11 @@ bool Aggregator::usable() const noexcept { return impl_ && impl_->usable; }
 int Aggregator::workers() const noexcept { return impl_ ? impl_->options.workers : 0; }
 std::int64_t Aggregator::stepsDone() const noexcept { return impl_ ? impl_->steps_done : 0; }
 const Options& Aggregator::options() const noexcept { return impl_->options; }
+std::vector<int> Aggregator::workerPids() const {
+  std::vector<int> out;
+  if (!impl_ || !impl_->usable) return out;
+  for (std::size_t r = 0; r < impl_->processes.size(); ++r) out.push_back(impl_->processes.pid(r));
+  return out;
+}
 
 }  // namespace gradagg

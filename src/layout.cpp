@@ -14,8 +14,9 @@ Layout Layout::plan(const LayoutSizes& s, std::size_t page_bytes) {
   const std::uint64_t control_end = l.control_offset + sizeof(WorkerControl) * s.workers;
   l.snapshot_offset = alignUp(control_end, page_bytes);
   l.snapshot_buffers_offset = l.snapshot_offset + s.param_bytes;
-  l.result_offset = alignUp(l.snapshot_buffers_offset + s.buffer_bytes, page_bytes);
-  l.slots_offset = alignUp(l.result_offset + s.param_bytes, kAlign);
+  l.result_offset[0] = alignUp(l.snapshot_buffers_offset + s.buffer_bytes, page_bytes);
+  l.result_offset[1] = l.result_offset[0] + s.param_bytes;
+  l.slots_offset = alignUp(l.result_offset[1] + s.param_bytes, kAlign);
   l.slot_flags_offset = s.param_bytes;
   l.slot_buffers_offset = alignUp(l.slot_flags_offset + s.param_count, kAlign);
   l.slot_bytes = alignUp(l.slot_buffers_offset + s.buffer_bytes, kAlign);
@@ -29,7 +30,8 @@ bool Layout::operator==(const Layout& o) const {
          sizes.buffer_bytes == o.sizes.buffer_bytes && control_offset == o.control_offset &&
          snapshot_offset == o.snapshot_offset &&
          snapshot_buffers_offset == o.snapshot_buffers_offset &&
-         result_offset == o.result_offset && slots_offset == o.slots_offset &&
+         result_offset[0] == o.result_offset[0] && result_offset[1] == o.result_offset[1] &&
+         slots_offset == o.slots_offset &&
          slot_bytes == o.slot_bytes && slot_flags_offset == o.slot_flags_offset &&
          slot_buffers_offset == o.slot_buffers_offset && segment_bytes == o.segment_bytes;
 }
@@ -43,8 +45,11 @@ void initHeader(void* base, const Layout& layout, std::size_t page_bytes) {
   h->layout = layout;
   h->command_seq.store(0, std::memory_order_relaxed);
   h->command = static_cast<std::uint32_t>(Command::kNone);
+  h->training = 1;
+  h->result_index = 0;
   h->step = 0;
-  h->remaining.store(0, std::memory_order_relaxed);
+  h->computed.store(0, std::memory_order_relaxed);
+  h->reduced.store(0, std::memory_order_relaxed);
 }
 
 std::string validateHeader(const void* base, std::size_t mapping_bytes) {

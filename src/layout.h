@@ -8,15 +8,18 @@
 //   0                 +---------------------------------------------------+
 //                     | Header                                            |
 //                     |   identity: magic, layout version, sizes, offsets |
-//                     |   command line: command_seq, command, step        |
-//                     |   arrival line: remaining                         |
+//                     |   command line: command_seq, command, step, ...   |
+//                     |   computed line: workers left to fill their slot  |
+//                     |   reduced line: workers left to reduce their range|
 //   control_offset    +---------------------------------------------------+
 //                     | WorkerControl[0] | WorkerControl[1] | ... [N-1]   |
 //   snapshot_offset   +---------------------------------------------------+ page
 //                     | parameters  (the parent's master values)          |
 //                     | buffers     (the parent's master values)          |
-//   result_offset     +---------------------------------------------------+ page
-//                     | mean gradient (the parent's .grad views)          |
+//   result_offset[0]  +---------------------------------------------------+ page
+//                     | mean gradient A (the parent's .grad views ...)    |
+//   result_offset[1]  +---------------------------------------------------+
+//                     | mean gradient B (... or these, every other step)  |
 //   slots_offset      +---------------------------------------------------+
 //                     | slot 0:  gradient | has-grad flags | buffers      |
 //                     | slot 1:  ...                                      |
@@ -24,9 +27,12 @@
 //   segment_bytes     +---------------------------------------------------+
 //
 // Parameter k's gradient lies at the same offset (TensorEntry::offset) in the
-// snapshot's parameter area, in the result and in every slot's gradient area: one
-// flat byte range [0, param_bytes) names the same parameters everywhere, so it can
-// be cut into ranges and buckets. Buffers do the same within [0, buffer_bytes).
+// snapshot's parameter area, in both results and in every slot's gradient area:
+// one flat byte range [0, param_bytes) names the same parameters everywhere, so
+// the workers can each reduce one range of it. Buffers do the same within
+// [0, buffer_bytes). The two results alternate: a step writes the one that
+// .grad does not view, and .grad moves to it only when the step succeeded, so a
+// failed step leaves .grad as it was.
 #pragma once
 
 #include <atomic>
@@ -47,7 +53,11 @@ constexpr std::size_t alignUp(std::size_t n, std::size_t a) { return (n + a - 1)
 enum class Command : std::uint32_t { kNone = 0, kStep = 1, kStop = 2 };
 
 // How a worker's part of a step ended; written before it arrives.
-enum class SlotStatus : std::uint32_t { kOk = 0, kFailed = 1 };
+enum class SlotStatus : std::uint32_t {
+  kOk = 0,
+  kFailed = 1,     // an exception or a bad result; message says which
+  kNonFinite = 2,  // a gradient or the loss was NaN or infinite; bad_param says where
+};
 
 // The sizes everything else is derived from.
 struct LayoutSizes {
@@ -64,7 +74,7 @@ struct Layout {
   std::uint64_t control_offset = 0;
   std::uint64_t snapshot_offset = 0;  // parameters, then buffers at snapshot_buffers_offset
   std::uint64_t snapshot_buffers_offset = 0;
-  std::uint64_t result_offset = 0;
+  std::uint64_t result_offset[2] = {0, 0};
   std::uint64_t slots_offset = 0;
   std::uint64_t slot_bytes = 0;          // stride between slots
   std::uint64_t slot_flags_offset = 0;   // within a slot; gradient is at 0
@@ -87,17 +97,25 @@ struct alignas(kAlign) Header {
   Layout layout;
 
   // ---- command line. Written by the parent only, while every worker is idle:
-  // command and step first, then command_seq incremented (release) and woken.
-  // Workers wait for command_seq to change, then read command and step.
+  // the fields first, then command_seq incremented (release) and woken.
+  // Workers wait for command_seq to change, then read the fields.
   alignas(kAlign) std::atomic<std::uint32_t> command_seq;
-  std::uint32_t command;   // a Command
-  std::uint32_t training;  // the parent model's is_training(), applied to every replica
-  std::int64_t step;       // the step number the shard functions are told
+  std::uint32_t command;       // a Command
+  std::uint32_t training;      // the parent model's is_training(), applied to every replica
+  std::uint32_t result_index;  // which result (0 or 1) this step reduces into
+  std::int64_t step;           // the step number the shard functions are told
 
-  // ---- arrival line. Set to N by the parent before it bumps command_seq; each
-  // worker decrements it once (acq_rel) after its slot and WorkerControl are
-  // complete; the one that reaches 0 wakes the parent, which waits on it.
-  alignas(kAlign) std::atomic<std::uint32_t> remaining;
+  // ---- computed line. Set to N by the parent before it bumps command_seq; each
+  // worker decrements it once (acq_rel) when its slot and WorkerControl are
+  // complete, and the one that reaches 0 wakes the others. A worker starts to
+  // reduce only after it read 0: then every slot is complete.
+  alignas(kAlign) std::atomic<std::uint32_t> computed;
+
+  // ---- reduced line. Set to N by the parent before it bumps command_seq (and
+  // before it forks, for start-up); each worker decrements it once when its
+  // range of the result is written (or, at start-up, when its replica is set
+  // up); the one that reaches 0 wakes the parent, which waits on it.
+  alignas(kAlign) std::atomic<std::uint32_t> reduced;
 };
 
 // One per worker, after the header. Written by worker `rank` only (the parent
@@ -107,11 +125,13 @@ struct alignas(kAlign) WorkerControl {
   // parent to name the phase in an error.
   std::atomic<std::uint32_t> phase;
   // The command_seq this worker last completed; stored (release) just before it
-  // decrements `remaining`. The parent compares it to name late workers.
+  // decrements `reduced`. The parent compares it to name late workers.
   std::atomic<std::uint32_t> done_seq;
-  // Written before done_seq; read by the parent after `remaining` reached 0.
+  // Written before the worker decrements `computed`; read by the other workers
+  // after `computed` reached 0 and by the parent after `reduced` reached 0.
   std::uint32_t status;        // a SlotStatus
-  std::uint32_t failed_phase;  // the Phase a kFailed status happened in
+  std::uint32_t failed_phase;  // the Phase a failure happened in
+  std::int32_t bad_param;      // kNonFinite: index of the first non-finite parameter
   std::int32_t pid;
   std::int64_t samples;
   double loss;

@@ -29,6 +29,11 @@ void Options::validate() const {
   if (step_timeout.count() <= 0)
     throw InvalidArgument(
         fmt::format("Options.step_timeout: expected > 0 ms, got {} ms", step_timeout.count()));
+  if (max_consecutive_skips < 0)
+    throw InvalidArgument(fmt::format("Options.max_consecutive_skips: expected >= 0, got {}",
+                                      max_consecutive_skips));
+  if (max_restarts < 0)
+    throw InvalidArgument(fmt::format("Options.max_restarts: expected >= 0, got {}", max_restarts));
   if (shutdown_timeout.count() < 0)
     throw InvalidArgument(fmt::format("Options.shutdown_timeout: expected >= 0 ms, got {} ms",
                                       shutdown_timeout.count()));

@@ -40,6 +40,8 @@ class ProcessSet {
   bool waitAll(std::chrono::milliseconds timeout);
   // SIGKILL every child still running, then reap it. Idempotent.
   void killAll() noexcept;
+  // Forgets every child; call after killAll().
+  void clear() noexcept { children_.clear(); }
 
  private:
   struct Child {

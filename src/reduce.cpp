@@ -1,6 +1,7 @@
 #include "reduce.h"
 
 #include <algorithm>
+#include <array>
 
 namespace gradagg::detail {
 
@@ -9,6 +10,8 @@ namespace {
 // Blocks of kBlock elements keep the double accumulators in L1 and let the
 // compiler vectorise the inner loop over elements.
 constexpr std::size_t kBlock = 512;
+constexpr std::uint64_t kAlign = 64;
+constexpr int kMaxSlots = 4096;
 
 template <typename T>
 void weightedSumT(T* __restrict out, const void* const* in, const double* w, int n,
@@ -28,7 +31,51 @@ void weightedSumT(T* __restrict out, const void* const* in, const double* w, int
   }
 }
 
+// A float is NaN or infinite exactly when its exponent bits are all ones.
+// Integer OR-reductions vectorise; float sums would not (no reassociation).
+template <typename Bits>
+bool allFiniteBits(const Bits* data, std::size_t count, Bits exponent) {
+  Bits bad = 0;
+  for (std::size_t k = 0; k < count; ++k) bad |= static_cast<Bits>((data[k] & exponent) == exponent);
+  return bad == 0;
+}
+
 }  // namespace
+
+std::size_t elementBytes(ElementType type) { return type == ElementType::kFloat32 ? 4 : 8; }
+
+std::vector<ByteRange> splitRanges(std::uint64_t total_bytes, int parts) {
+  std::vector<ByteRange> out(static_cast<std::size_t>(std::max(parts, 1)));
+  const std::uint64_t lines = (total_bytes + kAlign - 1) / kAlign;
+  for (std::size_t r = 0; r < out.size(); ++r) {
+    out[r].begin = std::min(total_bytes, lines * r / out.size() * kAlign);
+    out[r].end = std::min(total_bytes, lines * (r + 1) / out.size() * kAlign);
+  }
+  return out;
+}
+
+void computeWeights(bool equal, const std::int64_t* samples, int n, double* w) {
+  double total = 0;
+  for (int i = 0; i < n; ++i) total += static_cast<double>(samples[i]);
+  for (int i = 0; i < n; ++i) w[i] = equal ? 1.0 / n : static_cast<double>(samples[i]) / total;
+}
+
+void reduceRange(const std::vector<FlatTensor>& params, ByteRange range, std::byte* out,
+                 const SlotView* slots, const double* w, int n) {
+  std::array<const void*, kMaxSlots> in{};
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    const FlatTensor& p = params[k];
+    const std::size_t size = elementBytes(p.type);
+    const std::uint64_t lo = std::max(range.begin, p.offset);
+    const std::uint64_t hi = std::min(range.end, p.offset + p.count * size);
+    if (lo >= hi) continue;
+    bool any = false;
+    for (int i = 0; i < n && !any; ++i) any = slots[i].has_grad[k] != 0;
+    if (!any) continue;
+    for (int i = 0; i < n; ++i) in[i] = slots[i].grads + lo;
+    weightedSum(p.type, out + lo, in.data(), w, n, (hi - lo) / size);
+  }
+}
 
 void weightedSum(ElementType type, void* out, const void* const* in, const double* w, int n,
                  std::size_t count) {
@@ -37,6 +84,13 @@ void weightedSum(ElementType type, void* out, const void* const* in, const doubl
     weightedSumT(static_cast<float*>(out), in, w, n, count);
   else
     weightedSumT(static_cast<double*>(out), in, w, n, count);
+}
+
+bool allFinite(ElementType type, const void* data, std::size_t count) {
+  if (type == ElementType::kFloat32)
+    return allFiniteBits(static_cast<const std::uint32_t*>(data), count, std::uint32_t{0x7f800000u});
+  return allFiniteBits(static_cast<const std::uint64_t*>(data), count,
+                       std::uint64_t{0x7ff0000000000000ull});
 }
 
 }  // namespace gradagg::detail

@@ -1,17 +1,56 @@
-// The reduction: the weighted sum of one range of the gradient over all slots.
-// Fixed order (slot 0, 1, ..., N-1 for every element), accumulated in double,
-// so the result is bit-for-bit the same whoever computes which range.
+// The reduction: the weighted sum of the slots into the mean gradient.
+//
+// Every worker reduces one range of the flat gradient over all slots (a
+// reduce-scatter in shared memory), in a fixed order: slot 0, 1, ..., N-1 for
+// every element, accumulated in double. The result is therefore bit-for-bit the
+// same whoever computes which range, and from run to run.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 namespace gradagg::detail {
 
 enum class ElementType { kFloat32, kFloat64 };
+std::size_t elementBytes(ElementType type);
 
-// out[k] = (T)(w[0]*in[0][k] + w[1]*in[1][k] + ... + w[n-1]*in[n-1][k]) for k in
-// [0, count), summed left to right in double. `out` may alias none of `in`.
+// One parameter in the flat gradient: plain data, so this file needs no torch.
+struct FlatTensor {
+  std::uint64_t offset = 0;  // bytes, a multiple of 64
+  std::uint64_t count = 0;   // elements
+  ElementType type = ElementType::kFloat32;
+};
+
+struct ByteRange {
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+};
+
+// [0, total_bytes) cut into `parts` ranges of nearly equal size on 64-byte
+// boundaries (element boundaries inside every parameter). Some may be empty.
+std::vector<ByteRange> splitRanges(std::uint64_t total_bytes, int parts);
+
+// w_i = samples_i / sum(samples), or 1 / n when `equal`.
+void computeWeights(bool equal, const std::int64_t* samples, int n, double* w);
+
+// The slots as the reduction sees them.
+struct SlotView {
+  const std::byte* grads = nullptr;         // the slot's gradient area
+  const std::uint8_t* has_grad = nullptr;   // one flag per parameter
+};
+
+// For every parameter overlapping `range` that some slot flagged, writes
+// out[k] = sum_i w[i] * slot_i[k] over the overlap into `out` (a result region).
+// Parameters no slot flagged are left untouched.
+void reduceRange(const std::vector<FlatTensor>& params, ByteRange range, std::byte* out,
+                 const SlotView* slots, const double* w, int n);
+
+// out[k] = (T)(w[0]*in[0][k] + ... + w[n-1]*in[n-1][k]), summed left to right in double.
 void weightedSum(ElementType type, void* out, const void* const* in, const double* w, int n,
                  std::size_t count);
+
+// True when none of the `count` elements is NaN or infinite.
+bool allFinite(ElementType type, const void* data, std::size_t count);
 
 }  // namespace gradagg::detail

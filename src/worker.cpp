@@ -2,18 +2,25 @@
 //
 // Set-up: check the header, make the snapshot read-only in this process, give
 // the replica private buffers, point every parameter's .grad at this worker's
-// slot and hook each parameter to flag that it received a gradient, then arrive.
+// slot and hook each parameter to flag that it received a gradient, then arrive
+// on `reduced`.
 //
-// A step: wait for command_seq to change; load the snapshot (the parameters are
-// already the parent's, in place; copy the buffers; zero the slot); run the
-// user's shard function; backward (autograd accumulates straight into the slot);
-// check what landed there; write loss, samples and buffers; arrive. Any exception
-// becomes status kFailed with its message: the worker lives on for the next step.
+// A step:
+//   wait for command_seq to change;
+//   load the snapshot: the parameters already are the parent's, in place; copy
+//     the buffers; zero the slot;
+//   run the user's shard function, then backward: autograd accumulates straight
+//     into the slot; check what landed there (shape, finiteness); write loss,
+//     samples and buffers. Any exception becomes a failed status with its
+//     message: the worker lives on for the next step;
+//   arrive on `computed` and wait until every worker has;
+//   if every status is ok, reduce this worker's range of the flat gradient over
+//     all slots into this step's result; arrive on `reduced` (the parent waits).
 #include "worker.h"
 
-#include <sys/prctl.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -40,20 +47,20 @@ class Worker {
         base_(s.segment->base()),
         header_(*reinterpret_cast<Header*>(base_)),
         layout_(header_.layout),
-        control_(*reinterpret_cast<WorkerControl*>(base_ + layout_.control_offset +
-                                                  sizeof(WorkerControl) * s.rank)),
+        n_(static_cast<int>(layout_.sizes.workers)),
+        control_(controlOf(s.rank)),
         slot_(base_ + layout_.slotOffset(s.rank)),
         flags_(reinterpret_cast<std::uint8_t*>(slot_ + layout_.slot_flags_offset)) {}
 
   int run() {
-    std::uint32_t seen = 0;  // command_seq at fork time
+    std::uint32_t seen = s_.start_seq;
     try {
       setUp();
       control_.status = static_cast<std::uint32_t>(SlotStatus::kOk);
     } catch (...) {
-      fail();
+      fail(SlotStatus::kFailed);
     }
-    arrive(0);
+    arrive(header_.reduced, seen);
     if (control_.status != static_cast<std::uint32_t>(SlotStatus::kOk)) {
       awaitCommand(seen);  // the parent reads the message, then stops us
       return 3;
@@ -66,14 +73,29 @@ class Worker {
         return 0;
       }
       serveStep();
-      arrive(seen);
+      if (!awaitZero(header_.computed)) return 4;
+      reduce();
+      arrive(header_.reduced, seen);
     }
   }
 
  private:
   static constexpr std::uint32_t kParentGone = 0xffff'ffffu;
 
-  void setPhase(Phase p) { control_.phase.store(static_cast<std::uint32_t>(p), std::memory_order_relaxed); }
+  WorkerControl& controlOf(int r) const {
+    return *reinterpret_cast<WorkerControl*>(base_ + layout_.control_offset +
+                                             sizeof(WorkerControl) * r);
+  }
+
+  void setPhase(Phase p) {
+    control_.phase.store(static_cast<std::uint32_t>(p), std::memory_order_relaxed);
+  }
+
+  // Sets the phase and calls the test hook, if any.
+  void enter(Phase p) {
+    setPhase(p);
+    if (s_.options->on_worker_phase) s_.options->on_worker_phase(s_.rank, p, header_.step);
+  }
 
   void setUp() {
     const std::string bad = validateHeader(base_, s_.segment->size());
@@ -84,7 +106,8 @@ class Worker {
     s_.segment->protectReadOnly(layout_.snapshot_offset,
                                 layout_.sizes.param_bytes + layout_.sizes.buffer_bytes);
     at::NoGradGuard no_grad;
-    for (TensorEntry& b : s_.binding->buffers()) b.tensor.set_data(viewAt(b, s_.binding->bufferRegion()).clone());
+    for (TensorEntry& b : s_.binding->buffers())
+      b.tensor.set_data(viewAt(b, s_.binding->bufferRegion()).clone());
     auto& params = s_.binding->params();
     grad_views_.reserve(params.size());
     for (std::size_t k = 0; k < params.size(); ++k) {
@@ -95,6 +118,13 @@ class Worker {
       std::uint8_t* flag = flags_ + k;
       p.tensor.register_hook([flag](const at::Tensor&) { *flag = 1; });
     }
+    for (int r = 0; r < n_; ++r) {
+      std::byte* slot = base_ + layout_.slotOffset(r);
+      slots_.push_back(SlotView{slot, reinterpret_cast<const std::uint8_t*>(
+                                          slot + layout_.slot_flags_offset)});
+    }
+    samples_.resize(n_);
+    weights_.resize(n_);
   }
 
   // Returns the new command_seq, or kParentGone.
@@ -109,30 +139,62 @@ class Worker {
     return v;
   }
 
+  // Waits until `word` reads 0; false when the parent is gone.
+  bool awaitZero(std::atomic<std::uint32_t>& word) {
+    std::uint32_t v = word.load(std::memory_order_acquire);
+    if (v != 0) v = spinUntilZero(word);
+    while (v != 0) {
+      futexWait(word, v, kParentCheck);
+      v = word.load(std::memory_order_acquire);
+      if (v != 0 && ::getppid() != s_.parent) return false;
+    }
+    return true;
+  }
+
+  static std::uint32_t spinUntilZero(std::atomic<std::uint32_t>& word) {
+    const auto until = Clock::now() + kSpin;
+    std::uint32_t v;
+    while ((v = word.load(std::memory_order_acquire)) != 0 && Clock::now() < until) {
+    }
+    return v;
+  }
+
+  void arrive(std::atomic<std::uint32_t>& word, std::uint32_t seq) {
+    if (&word == &header_.reduced) control_.done_seq.store(seq, std::memory_order_release);
+    if (word.fetch_sub(1, std::memory_order_acq_rel) == 1) futexWakeAll(word);
+  }
+
   void serveStep() {
     control_.status = static_cast<std::uint32_t>(SlotStatus::kOk);
     control_.message[0] = '\0';
+    control_.bad_param = -1;
     try {
       loadSnapshot();
-      setPhase(Phase::kShard);
-      ShardContext ctx{s_.rank, static_cast<int>(layout_.sizes.workers), header_.step};
+      enter(Phase::kShard);
+      ShardContext ctx{s_.rank, n_, header_.step};
       auto t0 = Clock::now();
       ShardResult result = (*s_.shard)(ctx);
       control_.shard_ms = millisSince(t0);
       checkResult(result);
-      setPhase(Phase::kBackward);
+      enter(Phase::kBackward);
       t0 = Clock::now();
       result.loss.backward();
       control_.backward_ms = millisSince(t0);
-      setPhase(Phase::kWritingSlot);
+      enter(Phase::kWritingSlot);
       writeSlot(result);
     } catch (...) {
-      fail();
+      fail(SlotStatus::kFailed);
     }
+    // Past this point the slot is complete: the reduction phase begins.
+    try {
+      enter(Phase::kReducing);
+    } catch (...) {
+    }
+    arrive(header_.computed, 0);
   }
 
   void loadSnapshot() {
-    setPhase(Phase::kLoadingSnapshot);
+    enter(Phase::kLoadingSnapshot);
     const bool training = header_.training != 0;
     if (s_.model->is_training() != training) s_.model->train(training);
     at::NoGradGuard no_grad;
@@ -149,7 +211,8 @@ class Worker {
   }
 
   static void checkResult(const ShardResult& r) {
-    if (!r.loss.defined()) throw InvalidArgument("the shard function returned no loss (undefined tensor)");
+    if (!r.loss.defined())
+      throw InvalidArgument("the shard function returned no loss (undefined tensor)");
     if (r.loss.numel() != 1)
       throw InvalidArgument(fmt::format("the loss must be a scalar, got {}", describeTensor(r.loss)));
     if (!r.loss.requires_grad())
@@ -190,14 +253,45 @@ class Worker {
     for (TensorEntry& b : s_.binding->buffers()) viewAt(b, slot_buffers).copy_(b.tensor);
     control_.samples = r.samples;
     control_.loss = r.loss.item<double>();
+    checkFinite();
   }
 
-  void fail() noexcept {
-    control_.status = static_cast<std::uint32_t>(SlotStatus::kFailed);
+  void checkFinite() {
+    const auto& flat = *s_.flat;
+    for (std::size_t k = 0; k < flat.size(); ++k) {
+      if (flags_[k] == 0 || allFinite(flat[k].type, slot_ + flat[k].offset, flat[k].count))
+        continue;
+      control_.bad_param = static_cast<std::int32_t>(k);
+      throw NonFiniteGradient(
+          fmt::format("parameter '{}' has a non-finite gradient (loss {})",
+                      s_.binding->params()[k].name, control_.loss),
+          s_.rank, Phase::kWritingSlot, "", s_.binding->params()[k].name);
+    }
+    if (!std::isfinite(control_.loss)) throw NonFiniteGradient(
+        fmt::format("the loss is {}", control_.loss), s_.rank, Phase::kWritingSlot, "", "");
+  }
+
+  // After every worker arrived on `computed`: all statuses are final.
+  void reduce() {
+    for (int r = 0; r < n_; ++r) {
+      const WorkerControl& c = controlOf(r);
+      if (c.status != static_cast<std::uint32_t>(SlotStatus::kOk)) return;  // nothing applied
+      samples_[r] = c.samples;
+    }
+    computeWeights(s_.options->weighting == Weighting::kEqual, samples_.data(), n_,
+                   weights_.data());
+    std::byte* out = base_ + layout_.result_offset[header_.result_index & 1];
+    reduceRange(*s_.flat, s_.range, out, slots_.data(), weights_.data(), n_);
+  }
+
+  void fail(SlotStatus status) noexcept {
     control_.failed_phase = control_.phase.load(std::memory_order_relaxed);
     std::string what;
     try {
       throw;
+    } catch (const NonFiniteGradient& e) {
+      status = SlotStatus::kNonFinite;
+      what = e.what();
     } catch (const c10::Error& e) {
       what = e.what_without_backtrace();
     } catch (const std::exception& e) {
@@ -205,25 +299,24 @@ class Worker {
     } catch (...) {
       what = "unknown exception (not derived from std::exception)";
     }
+    control_.status = static_cast<std::uint32_t>(status);
     const std::size_t n = std::min(what.size(), kMessageBytes - 1);
     std::memcpy(control_.message, what.data(), n);
     control_.message[n] = '\0';
-  }
-
-  void arrive(std::uint32_t seq) {
-    control_.done_seq.store(seq, std::memory_order_release);
-    if (header_.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1)
-      futexWakeAll(header_.remaining);
   }
 
   const WorkerSetup& s_;
   std::byte* base_;
   Header& header_;
   const Layout layout_;
+  const int n_;
   WorkerControl& control_;
   std::byte* slot_;
   std::uint8_t* flags_;
   std::vector<at::Tensor> grad_views_;
+  std::vector<SlotView> slots_;
+  std::vector<std::int64_t> samples_;
+  std::vector<double> weights_;
 };
 
 }  // namespace

@@ -1,10 +1,15 @@
 // The worker side of the step protocol: what a forked child runs.
 #pragma once
 
+#include <sys/types.h>
+
+#include <vector>
+
 #include <gradagg/aggregator.h>
 
 #include "layout.h"
 #include "model_binding.h"
+#include "reduce.h"
 #include "segment.h"
 
 namespace gradagg::detail {
@@ -12,10 +17,14 @@ namespace gradagg::detail {
 struct WorkerSetup {
   int rank = 0;
   int threads = 1;
-  const Segment* segment = nullptr;  // inherited mapping, same address as the parent's
-  ModelBinding* binding = nullptr;   // this process's copy (fork), naming its replica's tensors
-  torch::nn::Module* model = nullptr;  // the replica
+  std::uint32_t start_seq = 0;            // command_seq when this worker was forked
+  const Segment* segment = nullptr;       // inherited mapping, same address as the parent's
+  ModelBinding* binding = nullptr;        // this process's copy (fork): its replica's tensors
+  torch::nn::Module* model = nullptr;     // the replica
   const ShardFn* shard = nullptr;
+  const Options* options = nullptr;
+  const std::vector<FlatTensor>* flat = nullptr;  // the parameters as the reduction sees them
+  ByteRange range;                        // this worker's range of the flat gradient
   pid_t parent = 0;
 };
 

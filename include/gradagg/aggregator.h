@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -66,6 +67,8 @@ class Aggregator {
   int workers() const noexcept;
   std::int64_t stepsDone() const noexcept;
   const Options& options() const noexcept;
+  // The workers' process ids by rank (empty when not usable), e.g. for monitoring.
+  std::vector<int> workerPids() const;
 
  private:
   struct Impl;

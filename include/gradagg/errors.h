@@ -61,6 +61,21 @@ class WorkerFailed : public WorkerError {
   std::string message_;
 };
 
+// A worker's gradient (or loss) was NaN or infinite, with NonFinitePolicy::kRaise,
+// or too many consecutive steps were skipped with kSkipStep. Nothing is applied;
+// the aggregator stays usable.
+class NonFiniteGradient : public WorkerFailed {
+ public:
+  NonFiniteGradient(const std::string& what, int rank, Phase phase, std::string message,
+                    std::string parameter)
+      : WorkerFailed(what, rank, phase, std::move(message)), parameter_(std::move(parameter)) {}
+  // The first parameter with a non-finite gradient, or "" when it was the loss.
+  const std::string& parameter() const noexcept { return parameter_; }
+
+ private:
+  std::string parameter_;
+};
+
 // A worker process exited or was killed. The step is not applied; the other
 // workers are stopped and the aggregator is no longer usable.
 class WorkerDied : public WorkerError {

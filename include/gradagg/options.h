@@ -2,6 +2,10 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <functional>
+
+#include <gradagg/errors.h>
 
 namespace gradagg {
 
@@ -24,6 +28,13 @@ enum class BufferSync {
   kKeepParent,  // workers' updates are discarded; the parent's buffers stay as they are
 };
 
+// What a step does when a worker's gradient (or loss) is NaN or infinite.
+enum class NonFinitePolicy {
+  kRaise,     // throw NonFiniteGradient naming the rank and the parameter
+  kSkipStep,  // leave every .grad undefined (optimizer.step() then changes nothing),
+              // report StepReport::skipped; like AMP's GradScaler
+};
+
 struct Options {
   // Worker processes forked at construction, 1..kMaxWorkers.
   int workers = 2;
@@ -36,6 +47,18 @@ struct Options {
   std::chrono::milliseconds step_timeout{std::chrono::minutes(5)};
   // How long shutdown waits for workers to exit before it kills them.
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(2)};
+
+  NonFinitePolicy non_finite = NonFinitePolicy::kRaise;
+  // With kSkipStep: more consecutive skipped steps than this raise NonFiniteGradient.
+  int max_consecutive_skips = 10;
+  // When a worker dies or misses the deadline during a step, stop all workers,
+  // fork a fresh group and redo the step, up to this many times in the
+  // aggregator's life (torchrun restarts the whole group the same way). 0: raise.
+  // A restarted worker starts from the parent's state: keep per-worker state in
+  // the shard function derivable from (rank, step) if you use this.
+  int max_restarts = 0;
+  // Fault injection for tests: called in the worker as it enters each phase.
+  std::function<void(int rank, Phase phase, std::int64_t step)> on_worker_phase;
 
   static constexpr int kMaxWorkers = 256;
 

@@ -21,6 +21,10 @@ struct StepReport {
   double compute_ms = 0;     // parent: from waking the workers to the last slot complete
   double reduce_ms = 0;      // summing the slots into the mean gradient
   double total_ms = 0;       // the whole step() call
+  bool skipped = false;       // NonFinitePolicy::kSkipStep skipped this step
+  int consecutive_skips = 0;  // skipped steps in a row, this one included
+  std::int64_t skipped_total = 0;
+  int restarts = 0;           // worker-group restarts so far (Options::max_restarts)
   std::vector<WorkerReport> workers;  // by rank
 };
 
