@@ -141,6 +141,7 @@ struct Aggregator::Impl {
         s.threads = threads;
         s.start_seq = start;
         s.segment = &segment;
+        s.layout = layout;
         s.binding = &binding;
         s.model = model;
         s.shard = &shard;

@@ -52,7 +52,7 @@ void initHeader(void* base, const Layout& layout, std::size_t page_bytes) {
   h->reduced.store(0, std::memory_order_relaxed);
 }
 
-std::string validateHeader(const void* base, std::size_t mapping_bytes) {
+std::string validateHeader(const void* base, std::size_t mapping_bytes, const Layout* expected) {
   if (base == nullptr) return "no mapping";
   if (mapping_bytes < sizeof(Header))
     return fmt::format("mapping of {} bytes is smaller than the header ({} bytes)", mapping_bytes,
@@ -82,11 +82,16 @@ std::string validateHeader(const void* base, std::size_t mapping_bytes) {
     return fmt::format("{} parameters cannot fit in {} bytes", s.param_count, s.param_bytes);
   if (std::uint64_t{s.buffer_count} * kAlign > s.buffer_bytes)
     return fmt::format("{} buffers cannot fit in {} bytes", s.buffer_count, s.buffer_bytes);
-  const Layout expected = Layout::plan(s, page);
-  if (!(expected == h.layout)) return "stored offsets differ from those the sizes give";
-  if (expected.segment_bytes > mapping_bytes)
+  const Layout planned = Layout::plan(s, page);
+  if (!(planned == h.layout)) return "stored offsets differ from those the sizes give";
+  if (planned.segment_bytes > mapping_bytes)
     return fmt::format("segment of {} bytes does not fit in a mapping of {} bytes",
-                       expected.segment_bytes, mapping_bytes);
+                       planned.segment_bytes, mapping_bytes);
+  if (expected != nullptr && !(*expected == h.layout))
+    return fmt::format("layout differs from the one expected ({} workers, {} parameters, {} "
+                       "buffers expected; {}, {}, {} found)",
+                       expected->sizes.workers, expected->sizes.param_count,
+                       expected->sizes.buffer_count, s.workers, s.param_count, s.buffer_count);
   return {};
 }
 

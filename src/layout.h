@@ -148,10 +148,12 @@ static_assert(sizeof(Header) % kAlign == 0 && sizeof(WorkerControl) % kAlign == 
 static_assert(offsetof(Header, magic) == 0);
 
 // Checks what a process finds at the start of a mapping of `mapping_bytes`:
-// magic, version, header size, and that the stored offsets are exactly those
-// plan() derives from the stored sizes and all lie inside the mapping.
+// magic, version, header size, that the stored offsets are exactly those plan()
+// derives from the stored sizes and all lie inside the mapping, and, when
+// `expected` is given (a worker knows its parent's layout), that they are that.
 // Returns an empty string when valid, otherwise what is wrong.
-std::string validateHeader(const void* base, std::size_t mapping_bytes);
+std::string validateHeader(const void* base, std::size_t mapping_bytes,
+                           const Layout* expected = nullptr);
 
 // Writes the identity part of a header at `base` (zero-filled memory).
 void initHeader(void* base, const Layout& layout, std::size_t page_bytes);

@@ -75,6 +75,7 @@ class Worker {
       serveStep();
       if (!awaitZero(header_.computed)) return 4;
       reduce();
+      setPhase(Phase::kWaiting);  // before arriving: from here on it waits for the next step
       arrive(header_.reduced, seen);
     }
   }
@@ -98,7 +99,7 @@ class Worker {
   }
 
   void setUp() {
-    const std::string bad = validateHeader(base_, s_.segment->size());
+    const std::string bad = validateHeader(base_, s_.segment->size(), &s_.layout);
     if (!bad.empty()) throw InternalError("gradagg: worker found a bad segment header: " + bad);
     control_.pid = static_cast<std::int32_t>(::getpid());
     at::set_num_threads(s_.threads);

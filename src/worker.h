@@ -19,6 +19,7 @@ struct WorkerSetup {
   int threads = 1;
   std::uint32_t start_seq = 0;            // command_seq when this worker was forked
   const Segment* segment = nullptr;       // inherited mapping, same address as the parent's
+  Layout layout;                          // what the parent planned, to check the header against
   ModelBinding* binding = nullptr;        // this process's copy (fork): its replica's tensors
   torch::nn::Module* model = nullptr;     // the replica
   const ShardFn* shard = nullptr;
