@@ -84,7 +84,7 @@ TEST_F(Behaviour, ParameterUsedBySomeWorkersIsAveragedOverAllSamples) {
 
 TEST_F(Behaviour, FrozenParameterGetsNoGradAndKeepsItsValue) {
   auto model = makeModel(ModelKind::kMlp, torch::kDouble);
-  auto& frozen = model->named_parameters()["fc1.bias"];
+  auto frozen = model->named_parameters()["fc1.bias"];
   frozen.set_requires_grad(false);
   const auto before = frozen.detach().clone();
   const Data data = makeData(ModelKind::kMlp, 12, torch::kDouble);
