@@ -47,7 +47,7 @@ namespace gradagg {
 using namespace detail;
 
 namespace {
-constexpr auto kSpin = std::chrono::microseconds(50);
+const std::chrono::nanoseconds kSpin = spinBudget(std::chrono::microseconds(200));
 constexpr auto kLivenessSlice = std::chrono::milliseconds(50);
 
 ElementType elementType(c10::ScalarType t) {
@@ -153,7 +153,7 @@ struct Aggregator::Impl {
       });
     }
     seq = start;
-    awaitReduced("start-up");
+    awaitReduced(-1);
     for (int r = 0; r < n; ++r) {
       if (statusOf(r) != SlotStatus::kOk)
         fail<WorkerFailed>(r, fmt::format("gradagg: worker {} failed to start: {}", r,
@@ -173,23 +173,27 @@ struct Aggregator::Impl {
     throw E(what, rank, phase, std::forward<Args>(extra)...);
   }
 
+  // What awaitReduced(step) waits for, in words, for errors only.
+  static std::string awaited(std::int64_t step) {
+    return step < 0 ? std::string("start-up") : fmt::format("step {}", step);
+  }
+
   // Waits until every worker has arrived on `reduced` for command `seq`, with
-  // the step deadline and a liveness check every slice.
-  void awaitReduced(const char* what) {
+  // the step deadline and a liveness check every slice. `step` is -1 at start-up.
+  void awaitReduced(std::int64_t step) {
     auto& reduced = header().reduced;
     const auto deadline = Clock::now() + options.step_timeout;
-    std::uint32_t r = reduced.load(std::memory_order_acquire);
-    if (r != 0) r = spinWhileEqual(reduced, r, kSpin);
+    std::uint32_t r = spinUntilEqual(reduced, 0, kSpin);
     for (;;) {
       r = reduced.load(std::memory_order_acquire);
       if (r == 0) return;
-      checkAlive(what);
+      checkAlive(step);
       const auto now = Clock::now();
       if (now >= deadline) {
         const int k = lateRank();
         fail<StepTimeout>(k, fmt::format("gradagg: worker {} did not finish {} within {} ms (it "
                                          "is in phase '{}'); the workers were stopped",
-                                         k, what, options.step_timeout.count(),
+                                         k, awaited(step), options.step_timeout.count(),
                                          phaseName(phaseOf(k))));
       }
       futexWait(reduced, r, std::min<Clock::duration>(kLivenessSlice, deadline - now));
@@ -209,14 +213,14 @@ struct Aggregator::Impl {
     return not_done;
   }
 
-  void checkAlive(const char* what) {
+  void checkAlive(std::int64_t step) {
     for (int k = 0; k < options.workers; ++k) {
       if (auto exit = processes.poll(k)) {
         const Phase phase = phaseOf(k);
         const std::string msg = fmt::format(
             "gradagg: worker {} (pid {}) {} in phase '{}' during {}; the other workers were "
             "stopped",
-            k, processes.pid(k), exit->describe(), phaseName(phase), what);
+            k, processes.pid(k), exit->describe(), phaseName(phase), awaited(step));
         processes.killAll();
         usable = false;
         unusable_reason = msg;
@@ -232,6 +236,7 @@ struct Aggregator::Impl {
     h.step = steps_done;
     h.training = model->is_training() ? 1 : 0;
     h.result_index = 1 - grad_result;
+    h.command_ns = nowNs();
     h.computed.store(n, std::memory_order_relaxed);
     h.reduced.store(n, std::memory_order_relaxed);
     seq = h.command_seq.fetch_add(1, std::memory_order_release) + 1;
@@ -277,8 +282,7 @@ struct Aggregator::Impl {
     verifyModel();
     command(Command::kStep);
     const auto t1 = Clock::now();
-    const std::string what = fmt::format("step {}", steps_done);
-    awaitReduced(what.c_str());
+    awaitReduced(steps_done);
     const auto t2 = Clock::now();
     for (int r = 0; r < options.workers; ++r) {
       if (statusOf(r) == SlotStatus::kFailed) {
@@ -368,15 +372,19 @@ struct Aggregator::Impl {
     report.step = steps_done;
     report.loss = 0;
     report.samples = 0;
+    report.reduce_ms = 0;
     for (int r = 0; r < options.workers; ++r) {
       const WorkerControl& c = control(r);
-      report.workers[r] = WorkerReport{c.loss, c.samples, c.shard_ms, c.backward_ms};
+      report.workers[r] = WorkerReport{c.loss,      c.samples,  c.wake_ms,    c.load_ms,
+                                       c.shard_ms,  c.backward_ms, c.write_ms, c.barrier_ms,
+                                       c.reduce_ms};
       report.loss += weights[r] * c.loss;
       report.samples += c.samples;
+      report.reduce_ms = std::max(report.reduce_ms, c.reduce_ms);
     }
     report.publish_ms = Ms(t1 - t0).count();
     report.compute_ms = Ms(t2 - t1).count();
-    report.reduce_ms = Ms(t3 - t2).count();
+    report.apply_ms = Ms(t3 - t2).count();
     report.total_ms = Ms(t3 - t0).count();
   }
 

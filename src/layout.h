@@ -104,6 +104,7 @@ struct alignas(kAlign) Header {
   std::uint32_t training;      // the parent model's is_training(), applied to every replica
   std::uint32_t result_index;  // which result (0 or 1) this step reduces into
   std::int64_t step;           // the step number the shard functions are told
+  std::int64_t command_ns;     // CLOCK_MONOTONIC when the command was issued (for wake_ms)
 
   // ---- computed line. Set to N by the parent before it bumps command_seq; each
   // worker decrements it once (acq_rel) when its slot and WorkerControl are
@@ -135,8 +136,14 @@ struct alignas(kAlign) WorkerControl {
   std::int32_t pid;
   std::int64_t samples;
   double loss;
+  // Phase times of the last step, in milliseconds (see WorkerReport).
+  double wake_ms;
+  double load_ms;
   double shard_ms;
   double backward_ms;
+  double write_ms;
+  double barrier_ms;
+  double reduce_ms;
   // NUL-terminated message when status == kFailed (the worker's exception).
   char message[kMessageBytes];
 };

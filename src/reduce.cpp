@@ -14,8 +14,8 @@ constexpr std::uint64_t kAlign = 64;
 constexpr int kMaxSlots = 4096;
 
 template <typename T>
-void weightedSumT(T* __restrict out, const void* const* in, const double* w, int n,
-                  std::size_t count) {
+[[gnu::always_inline]] inline void weightedSumT(T* __restrict out, const void* const* in,
+                                                const double* w, int n, std::size_t count) {
   double acc[kBlock];
   for (std::size_t begin = 0; begin < count; begin += kBlock) {
     const std::size_t len = std::min(kBlock, count - begin);
@@ -38,6 +38,25 @@ bool allFiniteBits(const Bits* data, std::size_t count, Bits exponent) {
   Bits bad = 0;
   for (std::size_t k = 0; k < count; ++k) bad |= static_cast<Bits>((data[k] & exponent) == exponent);
   return bad == 0;
+}
+
+// The loops compiled twice, for AVX2 and for the x86-64 baseline, picked at load
+// time. Neither uses FMA, so both round exactly alike: results do not depend on
+// which one runs.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define GRADAGG_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define GRADAGG_CLONES
+#endif
+
+GRADAGG_CLONES void weightedSumF32(float* out, const void* const* in, const double* w, int n,
+                                   std::size_t count) {
+  weightedSumT(out, in, w, n, count);
+}
+
+GRADAGG_CLONES void weightedSumF64(double* out, const void* const* in, const double* w, int n,
+                                   std::size_t count) {
+  weightedSumT(out, in, w, n, count);
 }
 
 }  // namespace
@@ -81,9 +100,9 @@ void weightedSum(ElementType type, void* out, const void* const* in, const doubl
                  std::size_t count) {
   if (count == 0 || n <= 0) return;
   if (type == ElementType::kFloat32)
-    weightedSumT(static_cast<float*>(out), in, w, n, count);
+    weightedSumF32(static_cast<float*>(out), in, w, n, count);
   else
-    weightedSumT(static_cast<double*>(out), in, w, n, count);
+    weightedSumF64(static_cast<double*>(out), in, w, n, count);
 }
 
 bool allFinite(ElementType type, const void* data, std::size_t count) {

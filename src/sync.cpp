@@ -4,6 +4,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <sched.h>
+
+#include <cstdlib>
 #include <ctime>
 
 namespace gradagg::detail {
@@ -34,16 +37,40 @@ void futexWakeAll(std::atomic<std::uint32_t>& word) {
             nullptr, 0);
 }
 
-std::uint32_t spinWhileEqual(const std::atomic<std::uint32_t>& word, std::uint32_t expected,
-                             std::chrono::nanoseconds spin) {
-  const auto until = Clock::now() + spin;
+namespace {
+template <typename Done>
+std::uint32_t spin(const std::atomic<std::uint32_t>& word, Done done,
+                   std::chrono::nanoseconds budget) {
   std::uint32_t v = word.load(std::memory_order_acquire);
-  for (int i = 0; v == expected; ++i) {
+  if (done(v) || budget.count() <= 0) return v;
+  const auto until = Clock::now() + budget;
+  for (unsigned i = 1;; ++i) {
     cpuRelax();
-    if ((i & 63) == 63 && Clock::now() >= until) break;
     v = word.load(std::memory_order_acquire);
+    if (done(v)) return v;
+    if ((i & 63) == 0) {
+      if (Clock::now() >= until) return v;
+      ::sched_yield();
+    }
   }
-  return v;
+}
+}  // namespace
+
+std::uint32_t spinWhileEqual(const std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                             std::chrono::nanoseconds budget) {
+  return spin(word, [expected](std::uint32_t v) { return v != expected; }, budget);
+}
+
+std::uint32_t spinUntilEqual(const std::atomic<std::uint32_t>& word, std::uint32_t target,
+                             std::chrono::nanoseconds budget) {
+  return spin(word, [target](std::uint32_t v) { return v == target; }, budget);
+}
+
+std::chrono::nanoseconds spinBudget(std::chrono::nanoseconds fallback) {
+  if (const char* env = std::getenv("GRADAGG_SPIN_US")) {
+    return std::chrono::microseconds(std::atoll(env));
+  }
+  return fallback;
 }
 
 }  // namespace gradagg::detail

@@ -16,9 +16,22 @@ void futexWait(const std::atomic<std::uint32_t>& word, std::uint32_t expected,
                std::chrono::nanoseconds slice);
 void futexWakeAll(std::atomic<std::uint32_t>& word);
 
-// Spins up to `spin` for word != expected; returns the value seen last.
+// Spins up to `spin` until word != expected; returns the value seen last. The
+// loop pauses between reads and yields the core now and then, so a process that
+// has work (the parent's optimizer step, a peer's backward) is not starved by a
+// spinning one on a machine with fewer cores than processes.
 std::uint32_t spinWhileEqual(const std::atomic<std::uint32_t>& word, std::uint32_t expected,
                              std::chrono::nanoseconds spin);
+// The same, until word == target.
+std::uint32_t spinUntilEqual(const std::atomic<std::uint32_t>& word, std::uint32_t target,
+                             std::chrono::nanoseconds spin);
+// How long waits spin before they block, from GRADAGG_SPIN_US if set (for tuning), else `fallback`.
+std::chrono::nanoseconds spinBudget(std::chrono::nanoseconds fallback);
+
+inline std::int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
 
 inline double millisSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();

@@ -37,7 +37,9 @@ namespace gradagg::detail {
 
 namespace {
 
-constexpr auto kSpin = std::chrono::microseconds(50);
+// Spin this long before blocking: covers the parent's optimizer step between
+// two steps of a small model, and a peer finishing its backward a little later.
+const std::chrono::nanoseconds kSpin = spinBudget(std::chrono::microseconds(200));
 constexpr auto kParentCheck = std::chrono::milliseconds(100);
 
 class Worker {
@@ -72,9 +74,14 @@ class Worker {
         setPhase(Phase::kStopping);
         return 0;
       }
+      control_.wake_ms = static_cast<double>(nowNs() - header_.command_ns) / 1e6;
       serveStep();
+      auto t0 = Clock::now();
       if (!awaitZero(header_.computed)) return 4;
+      control_.barrier_ms = millisSince(t0);
+      t0 = Clock::now();
       reduce();
+      control_.reduce_ms = millisSince(t0);
       setPhase(Phase::kWaiting);  // before arriving: from here on it waits for the next step
       arrive(header_.reduced, seen);
     }
@@ -142,22 +149,13 @@ class Worker {
 
   // Waits until `word` reads 0; false when the parent is gone.
   bool awaitZero(std::atomic<std::uint32_t>& word) {
-    std::uint32_t v = word.load(std::memory_order_acquire);
-    if (v != 0) v = spinUntilZero(word);
+    std::uint32_t v = spinUntilEqual(word, 0, kSpin);
     while (v != 0) {
       futexWait(word, v, kParentCheck);
       v = word.load(std::memory_order_acquire);
       if (v != 0 && ::getppid() != s_.parent) return false;
     }
     return true;
-  }
-
-  static std::uint32_t spinUntilZero(std::atomic<std::uint32_t>& word) {
-    const auto until = Clock::now() + kSpin;
-    std::uint32_t v;
-    while ((v = word.load(std::memory_order_acquire)) != 0 && Clock::now() < until) {
-    }
-    return v;
   }
 
   void arrive(std::atomic<std::uint32_t>& word, std::uint32_t seq) {
@@ -169,11 +167,14 @@ class Worker {
     control_.status = static_cast<std::uint32_t>(SlotStatus::kOk);
     control_.message[0] = '\0';
     control_.bad_param = -1;
+    control_.load_ms = control_.shard_ms = control_.backward_ms = control_.write_ms = 0;
     try {
+      auto t0 = Clock::now();
       loadSnapshot();
+      control_.load_ms = millisSince(t0);
       enter(Phase::kShard);
       ShardContext ctx{s_.rank, n_, header_.step};
-      auto t0 = Clock::now();
+      t0 = Clock::now();
       ShardResult result = (*s_.shard)(ctx);
       control_.shard_ms = millisSince(t0);
       checkResult(result);
@@ -182,7 +183,9 @@ class Worker {
       result.loss.backward();
       control_.backward_ms = millisSince(t0);
       enter(Phase::kWritingSlot);
+      t0 = Clock::now();
       writeSlot(result);
+      control_.write_ms = millisSince(t0);
     } catch (...) {
       fail(SlotStatus::kFailed);
     }

@@ -220,7 +220,13 @@ TEST_F(Behaviour, ReportGivesLossSamplesAndPhaseTimes) {
   EXPECT_GT(r.workers[0].shard_ms, 0);
   EXPECT_GT(r.workers[1].backward_ms, 0);
   EXPECT_GT(r.compute_ms, 0);
-  EXPECT_GE(r.total_ms, r.publish_ms + r.compute_ms + r.reduce_ms - 1e-9);
+  EXPECT_GE(r.total_ms, r.publish_ms + r.compute_ms + r.apply_ms - 1e-9);
+  EXPECT_LE(r.reduce_ms, r.compute_ms);  // the workers reduce inside the compute phase
+  for (const auto& w : r.workers) {
+    EXPECT_GE(w.wake_ms, 0);
+    EXPECT_GT(w.load_ms + w.write_ms + w.reduce_ms, 0);
+    EXPECT_LE(w.shard_ms + w.backward_ms + w.barrier_ms, r.compute_ms + 1e-9);
+  }
   const double mean = (r.workers[0].loss * r.workers[0].samples +
                        r.workers[1].loss * r.workers[1].samples) / 10;
   EXPECT_NEAR(r.loss, mean, 1e-6);

@@ -9,8 +9,13 @@ namespace gradagg {
 struct WorkerReport {
   double loss = 0;          // the loss the shard function returned
   std::int64_t samples = 0; // the sample count the shard function returned
+  double wake_ms = 0;       // from the parent's command to this worker starting the step
+  double load_ms = 0;       // loading the snapshot (buffers, clearing the slot)
   double shard_ms = 0;      // user's shard function (forward and loss)
   double backward_ms = 0;   // autograd into the slot
+  double write_ms = 0;      // checking the slot (shapes, finiteness), loss and buffers
+  double barrier_ms = 0;    // waiting for the other workers' slots
+  double reduce_ms = 0;     // summing this worker's range over all slots
 };
 
 struct StepReport {
@@ -18,8 +23,9 @@ struct StepReport {
   double loss = 0;           // mean of the worker losses with the step's weights
   std::int64_t samples = 0;  // sum over workers
   double publish_ms = 0;     // parent: checking the snapshot and waking the workers
-  double compute_ms = 0;     // parent: from waking the workers to the last slot complete
-  double reduce_ms = 0;      // summing the slots into the mean gradient
+  double compute_ms = 0;     // parent: from waking the workers until every range is reduced
+  double reduce_ms = 0;      // the slowest worker's reduce_ms (the sum runs in the workers)
+  double apply_ms = 0;       // parent: pointing .grad at the result, buffers, this report
   double total_ms = 0;       // the whole step() call
   bool skipped = false;       // NonFinitePolicy::kSkipStep skipped this step
   int consecutive_skips = 0;  // skipped steps in a row, this one included
