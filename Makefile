@@ -7,9 +7,10 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
 # Debian 12 packages the build needs.
-PACKAGES := cmake g++ make libtorch-dev libboost-dev libfmt-dev libgtest-dev libcli11-dev
+PACKAGES := cmake g++ make libtorch-dev libboost-dev libfmt-dev libgtest-dev libcli11-dev \
+            libgloo-dev nlohmann-json3-dev gnuplot-nox zlib1g-dev dataset-fashion-mnist
 
-.PHONY: all deps configure build demo test install clean
+.PHONY: all deps configure build demo test test-asan bench install clean
 
 all: build
 
@@ -42,6 +43,28 @@ demo: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
+
+# Every configuration side by side (a few minutes), then bench/speedup.png.
+bench: build
+	$(BUILD)/bench/gradagg-bench --json $(BUILD)/bench.jsonl
+	bench/plot.sh $(BUILD)/bench.jsonl bench/speedup.png
+
+# The suite again under AddressSanitizer + UndefinedBehaviorSanitizer, in build-asan/.
+test-asan: deps
+	$(MAKE) BUILD=build-asan BUILD_TYPE=RelWithDebInfo \
+	  CMAKE_FLAGS="-DGRADAGG_SANITIZE=address -DGRADAGG_BUILD_BENCH=OFF" test
+
+# Fashion-MNIST (examples/fashion_mnist.cpp): 5 epochs with 2 workers and the same
+# model in one process (about 5 minutes on 2 cores), then examples/fashion_mnist.png.
+FASHION_FLAGS ?= --workers 2 --epochs 5
+.PHONY: plot
+plot: build
+	rm -f $(BUILD)/fashion_mnist.csv $(BUILD)/fashion_mnist_single.csv
+	$(BUILD)/examples/fashion_mnist $(FASHION_FLAGS) --metrics $(BUILD)/fashion_mnist.csv
+	$(BUILD)/examples/fashion_mnist $(FASHION_FLAGS) --single --metrics $(BUILD)/fashion_mnist_single.csv
+	gnuplot -e "gradagg='$(BUILD)/fashion_mnist.csv'; single='$(BUILD)/fashion_mnist_single.csv'; \
+	  out='examples/fashion_mnist.png'" examples/fashion_mnist.gp
+	@echo "wrote examples/fashion_mnist.png"
 
 install: build
 	cmake --install $(BUILD)

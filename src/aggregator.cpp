@@ -28,6 +28,7 @@
 #include <unordered_set>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <torch/nn/module.h>
 
@@ -69,6 +70,7 @@ struct Aggregator::Impl {
   std::vector<ByteRange> ranges;       // worker r reduces ranges[r]
   std::vector<const c10::TensorImpl*> param_list;  // model.parameters() at construction
   ProcessSet processes;
+  int saved_parent_threads = 0;  // to restore, when options.parent_threads > 0
 
   bool usable = false;
   std::string unusable_reason;
@@ -104,9 +106,16 @@ struct Aggregator::Impl {
     weights.resize(n);
     report.workers.resize(n);
     startWorkers();
+    if (options.parent_threads > 0) {
+      saved_parent_threads = at::get_num_threads();
+      at::set_num_threads(options.parent_threads);
+    }
   }
 
-  ~Impl() { shutdown(); }
+  ~Impl() {
+    shutdown();
+    if (saved_parent_threads > 0) at::set_num_threads(saved_parent_threads);
+  }
 
   Header& header() { return *reinterpret_cast<Header*>(segment.base()); }
   WorkerControl& control(int r) {
@@ -244,6 +253,8 @@ struct Aggregator::Impl {
   }
 
   void verifyModel() {
+    binding.verify();
+    if (!options.check_parameter_list) return;
     const auto now = model->parameters();
     bool same = now.size() == param_list.size();
     for (std::size_t k = 0; same && k < now.size(); ++k)
@@ -254,7 +265,6 @@ struct Aggregator::Impl {
           "then, {} now, or other tensors); the workers' replicas were forked with the old one: "
           "create a new Aggregator",
           param_list.size(), now.size()));
-    binding.verify();
   }
 
   const StepReport& step() {

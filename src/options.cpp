@@ -26,6 +26,9 @@ void Options::validate() const {
     throw InvalidArgument(fmt::format(
         "Options.threads_per_worker: expected >= 0 (0 = cores / workers), got {}",
         threads_per_worker));
+  if (parent_threads < 0)
+    throw InvalidArgument(fmt::format(
+        "Options.parent_threads: expected >= 0 (0 = leave as is), got {}", parent_threads));
   if (step_timeout.count() <= 0)
     throw InvalidArgument(
         fmt::format("Options.step_timeout: expected > 0 ms, got {} ms", step_timeout.count()));

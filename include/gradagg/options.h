@@ -42,6 +42,10 @@ struct Options {
   BufferSync buffers = BufferSync::kFromRank0;
   // Intra-op threads in each worker; 0 means max(1, cores / workers).
   int threads_per_worker = 0;
+  // Intra-op threads of the parent while the Aggregator lives (restored after):
+  // the workers own the cores, and libgomp threads of a parent that spin after
+  // its optimizer step would steal them. 0 leaves the parent's setting alone.
+  int parent_threads = 1;
   // Deadline for every worker to finish a step (and to start up); a late worker
   // raises StepTimeout naming its rank.
   std::chrono::milliseconds step_timeout{std::chrono::minutes(5)};
@@ -57,6 +61,11 @@ struct Options {
   // A restarted worker starts from the parent's state: keep per-worker state in
   // the shard function derivable from (rank, step) if you use this.
   int max_restarts = 0;
+  // Each step, compare model.parameters() with the list at construction, so a
+  // replaced submodule or a new parameter is an InvalidArgument instead of a
+  // silently untrained model. LibTorch builds that list anew (a few small
+  // allocations per parameter); false makes step() allocation-free.
+  bool check_parameter_list = true;
   // Fault injection for tests: called in the worker as it enters each phase.
   std::function<void(int rank, Phase phase, std::int64_t step)> on_worker_phase;
 

@@ -1,0 +1,610 @@
+// gradagg-bench: the same model and global batch trained, side by side in one
+// run, by
+//   single       one process (forward, backward, optimizer step);
+//   shm          gradagg::Aggregator with N forked workers, then optimizer.step();
+//   gloo         N forked peers, DDP style: each computes its shard's gradient
+//                into one flat buffer, c10d ProcessGroupGloo allreduce, divide
+//                by N, each steps its own optimizer;
+// and the reduction alone (reduce-only): N slots of P floats summed by gradagg's
+// kernel, next to a streaming c = a + b over as many bytes and a Gloo allreduce
+// of the same buffer. --check compares one step's mean gradient of shm and gloo.
+// See bench/README.md for the columns.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <gradagg/gradagg.h>
+
+#include "forked_peers.h"
+#include "gloo_peer.h"
+#include "kernels.h"
+#include "report.h"
+
+namespace gradagg::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double msSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+constexpr double kLearningRate = 0.01;
+constexpr std::uint64_t kSeed = 20240601;
+constexpr auto kPeerTimeout = std::chrono::minutes(10);
+const std::vector<std::string> kModes = {"single", "shm", "gloo", "reduce-only"};
+
+// ---- models and data -------------------------------------------------------
+
+struct ModelSpec {
+  std::string name;  // layer list, e.g. "784-64-64-10"
+  std::vector<std::int64_t> layers;
+  std::int64_t batch = 256;
+};
+
+struct MlpImpl : torch::nn::Module {
+  explicit MlpImpl(const std::vector<std::int64_t>& layers) {
+    for (std::size_t i = 0; i + 1 < layers.size(); ++i)
+      fc.push_back(register_module("fc" + std::to_string(i),
+                                   torch::nn::Linear(layers[i], layers[i + 1])));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (std::size_t i = 0; i < fc.size(); ++i) {
+      x = fc[i]->forward(x);
+      if (i + 1 < fc.size()) x = torch::relu(x);
+    }
+    return x;
+  }
+  std::vector<torch::nn::Linear> fc;
+};
+TORCH_MODULE(Mlp);
+
+// Every mode starts from the same parameters and trains on the same data.
+Mlp makeModel(const ModelSpec& spec) {
+  torch::manual_seed(kSeed);
+  return Mlp(spec.layers);
+}
+
+struct Data {
+  torch::Tensor x, y;
+};
+
+Data makeData(const ModelSpec& spec) {
+  torch::manual_seed(kSeed + 1);
+  return {torch::randn({spec.batch, spec.layers.front()}),
+          torch::randint(0, spec.layers.back(), {spec.batch}, torch::kLong)};
+}
+
+// Rank r of n owns rows [begin, end) of the global batch.
+struct Shard {
+  std::int64_t begin, end;
+};
+Shard shardOf(std::int64_t batch, int rank, int n) {
+  return {batch * rank / n, batch * (rank + 1) / n};
+}
+
+std::int64_t paramCount(const ModelSpec& spec) {
+  std::int64_t n = 0;
+  for (std::size_t i = 0; i + 1 < spec.layers.size(); ++i)
+    n += spec.layers[i] * spec.layers[i + 1] + spec.layers[i + 1];
+  return n;
+}
+
+torch::Tensor loss(Mlp& model, const torch::Tensor& x, const torch::Tensor& y) {
+  return torch::cross_entropy_loss(model->forward(x), y);
+}
+
+// All parameters' .grad, concatenated (a copy).
+torch::Tensor flatGrad(Mlp& model) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : model->parameters()) parts.push_back(p.grad().detach().flatten());
+  return torch::cat(parts).clone();
+}
+
+// ---- configuration -----------------------------------------------------------
+
+struct Config {
+  int workers = 2;
+  int steps = 20;
+  int warmup = 3;
+  int threads = 0;  // single mode; 0: all cores
+  std::int64_t batch = 0;  // 0: the model's default
+  std::vector<ModelSpec> models;
+  std::set<std::string> modes;
+  std::string json;
+  bool check = false;
+  bool short_run = false;
+  int cores = 1;
+};
+
+int peerThreads(const Config& cfg) { return std::max(1, cfg.cores / cfg.workers); }
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, sep);)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+ModelSpec parseModel(const std::string& token) {
+  if (token == "807") return {"784-1-1-10", {784, 1, 1, 10}, 16};
+  if (token == "55k") return {"784-64-64-10", {784, 64, 64, 10}, 256};
+  if (token == "670k") return {"784-512-512-10", {784, 512, 512, 10}, 256};
+  if (token == "5.8m") return {"784-2048-2048-10", {784, 2048, 2048, 10}, 256};
+  ModelSpec spec{token, {}, 256};
+  for (const std::string& width : split(token, '-')) {
+    std::size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(width, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != width.size() || v <= 0)
+      throw CLI::ValidationError("--model", "'" + token + "': expected all, 807, 55k, 670k, 5.8m or a layer list like 784-64-64-10");
+    spec.layers.push_back(v);
+  }
+  if (spec.layers.size() < 2)
+    throw CLI::ValidationError("--model", "'" + token + "': a layer list needs at least two widths");
+  if (spec.layers.back() < 2)
+    throw CLI::ValidationError("--model", "'" + token + "': the last width is the class count, at least 2");
+  return spec;
+}
+
+Row makeRow(const ModelSpec& spec, const char* mode, int workers, int threads, int steps) {
+  Row row;
+  row.model = spec.name;
+  row.mode = mode;
+  row.workers = workers;
+  row.params = paramCount(spec);
+  row.batch = spec.batch;
+  row.threads = threads;
+  row.steps = steps;
+  return row;
+}
+
+// ---- single ------------------------------------------------------------------
+
+Row runSingle(const ModelSpec& spec, const Data& data, const Config& cfg) {
+  at::set_num_threads(cfg.threads);
+  Mlp model = makeModel(spec);
+  torch::optim::SGD opt(model->parameters(), kLearningRate);
+  std::vector<double> total, compute;
+  for (int s = 0; s < cfg.warmup + cfg.steps; ++s) {
+    const auto t0 = Clock::now();
+    opt.zero_grad();
+    loss(model, data.x, data.y).backward();
+    const double c = msSince(t0);
+    opt.step();
+    if (s < cfg.warmup) continue;
+    total.push_back(msSince(t0));
+    compute.push_back(c);
+  }
+  Row row = makeRow(spec, "single", 1, cfg.threads, cfg.steps);
+  row.ms_per_step = median(total);
+  row.p90_ms = percentile90(total);
+  row.extra["compute_ms"] = median(compute);
+  return row;
+}
+
+// ---- shm (gradagg) -------------------------------------------------------------
+
+Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
+  Mlp model = makeModel(spec);
+  torch::optim::SGD opt(model->parameters(), kLearningRate);
+  gradagg::Options options;
+  options.workers = cfg.workers;
+  gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext& ctx) {
+    const Shard sh = shardOf(spec.batch, ctx.rank, ctx.workers);
+    return gradagg::ShardResult{loss(model, data.x.slice(0, sh.begin, sh.end),
+                                     data.y.slice(0, sh.begin, sh.end)),
+                                sh.end - sh.begin};
+  }, options);
+  std::vector<double> total, reduce, sync, compute, publish, worker, optimizer, slot_ms;
+  for (int s = 0; s < cfg.warmup + cfg.steps; ++s) {
+    const auto t0 = Clock::now();
+    const gradagg::StepReport& r = agg.step();
+    const auto t1 = Clock::now();
+    opt.step();
+    if (s < cfg.warmup) continue;
+    total.push_back(msSince(t0));
+    optimizer.push_back(msSince(t1));
+    // Work: the slowest worker's own phases (snapshot load and slot zeroing,
+    // shard function, backward, slot checks, its range of the reduction).
+    // Synchronisation: the rest of step() (wake-ups, barrier waits, publish, apply).
+    double slowest = 0, busiest = 0, slot = 0;
+    for (const gradagg::WorkerReport& w : r.workers) {
+      slowest = std::max(slowest, w.shard_ms + w.backward_ms);
+      busiest = std::max(busiest, w.load_ms + w.shard_ms + w.backward_ms + w.write_ms + w.reduce_ms);
+      slot = std::max(slot, w.load_ms + w.write_ms);
+    }
+    reduce.push_back(r.reduce_ms);
+    sync.push_back(1000 * (r.total_ms - busiest));
+    slot_ms.push_back(slot);
+    compute.push_back(r.compute_ms);
+    publish.push_back(r.publish_ms);
+    worker.push_back(slowest);
+  }
+  Row row = makeRow(spec, "shm", cfg.workers, agg.options().resolvedThreadsPerWorker(), cfg.steps);
+  row.ms_per_step = median(total);
+  row.p90_ms = percentile90(total);
+  row.reduce_ms = median(reduce);
+  row.sync_us = median(sync);
+  row.extra["compute_ms"] = median(compute);
+  row.extra["worker_ms"] = median(worker);
+  row.extra["slot_ms"] = median(slot_ms);
+  row.extra["publish_ms"] = median(publish);
+  row.extra["optimizer_ms"] = median(optimizer);
+  return row;
+}
+
+// ---- gloo (forked peers, DDP style) ---------------------------------------------
+
+// A fresh directory for one group's FileStore, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "gradagg-bench-XXXXXX").string();
+    if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed: " + std::string(std::strerror(errno)));
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Forks `n` peers that join one Gloo group and run `body(rank, peer)` (with
+// `threads` intra-op threads), and waits for them.
+void runGlooGroup(int n, int threads, const std::function<void(int, GlooPeer&)>& body) {
+  TempDir dir;
+  ForkedPeers peers;
+  peers.spawn(n, [&](int rank) {
+    at::set_num_threads(threads);
+    GlooPeer::Options options;
+    options.store_path = dir.path() + "/store";
+    options.rank = rank;
+    options.size = n;
+    GlooPeer peer(options);
+    body(rank, peer);
+    peer.barrier();
+    return 0;
+  });
+  peers.join(kPeerTimeout);
+}
+
+struct GlooStepTimes {
+  double total_ms, compute_ms, allreduce_ms, optimizer_ms;
+};
+
+// Trains `warmup + steps` steps DDP style. Rank 0's timings come back through a
+// shared mapping, and so does its mean gradient of step 0 when `first_grad`.
+Row runGloo(const ModelSpec& spec, const Data& data, const Config& cfg, int warmup, int steps,
+            torch::Tensor* first_grad = nullptr) {
+  const int n = cfg.workers;
+  const int total_steps = warmup + steps;
+  const std::int64_t P = paramCount(spec);
+  Mlp model = makeModel(spec);
+  SharedMapping shared(sizeof(GlooStepTimes) * total_steps + sizeof(float) * P);
+  auto* times = static_cast<GlooStepTimes*>(shared.data());
+  auto* grad_out = reinterpret_cast<float*>(times + total_steps);
+
+  runGlooGroup(n, peerThreads(cfg), [&](int rank, GlooPeer& peer) {
+    torch::optim::SGD opt(model->parameters(), kLearningRate);
+    // The gradients are views of one flat buffer (DDP's gradient_as_bucket_view):
+    // backward accumulates into it, the allreduce works on it in place.
+    torch::Tensor flat = torch::zeros({P});
+    std::int64_t offset = 0;
+    for (auto& p : model->parameters()) {
+      p.mutable_grad() = flat.narrow(0, offset, p.numel()).view(p.sizes());
+      offset += p.numel();
+    }
+    const Shard sh = shardOf(spec.batch, rank, n);
+    const torch::Tensor xs = data.x.slice(0, sh.begin, sh.end);
+    const torch::Tensor ys = data.y.slice(0, sh.begin, sh.end);
+    for (int s = 0; s < total_steps; ++s) {
+      const auto t0 = Clock::now();
+      flat.zero_();
+      loss(model, xs, ys).backward();
+      const auto t1 = Clock::now();
+      peer.allreduceSum(flat);
+      const auto t2 = Clock::now();
+      flat.div_(n);
+      if (first_grad && rank == 0 && s == 0) std::memcpy(grad_out, flat.data_ptr<float>(), sizeof(float) * P);
+      opt.step();
+      using Ms = std::chrono::duration<double, std::milli>;
+      if (rank == 0)
+        times[s] = {msSince(t0), Ms(t1 - t0).count(), Ms(t2 - t1).count(), msSince(t2)};
+    }
+  });
+
+  if (first_grad) *first_grad = torch::from_blob(grad_out, {P}, torch::kFloat).clone();
+  std::vector<double> total, compute, allreduce, optimizer;
+  for (int s = warmup; s < total_steps; ++s) {
+    total.push_back(times[s].total_ms);
+    compute.push_back(times[s].compute_ms);
+    allreduce.push_back(times[s].allreduce_ms);
+    optimizer.push_back(times[s].optimizer_ms);
+  }
+  Row row = makeRow(spec, "gloo", n, peerThreads(cfg), steps);
+  if (steps == 0) return row;
+  row.ms_per_step = median(total);
+  row.p90_ms = percentile90(total);
+  row.reduce_ms = median(allreduce);
+  row.sync_us = 1000 * row.reduce_ms;
+  row.extra["compute_ms"] = median(compute);
+  row.extra["optimizer_ms"] = median(optimizer);
+  return row;
+}
+
+// ---- reduce-only -------------------------------------------------------------------
+
+// Median over `samples` timings of `repeat` calls of `fn`, in ms per call.
+template <typename Fn>
+std::vector<double> timeCalls(int samples, int repeat, Fn&& fn) {
+  std::vector<double> ms;
+  for (int s = 0; s < samples; ++s) {
+    const auto t0 = Clock::now();
+    for (int k = 0; k < repeat; ++k) fn();
+    ms.push_back(msSince(t0) / repeat);
+  }
+  return ms;
+}
+
+Row runReduceOnly(const ModelSpec& spec, const Config& cfg) {
+  const int n = cfg.workers;
+  const auto P = static_cast<std::size_t>(paramCount(spec));
+  // The reduction reads n slots and writes one result; c = a + b reads two
+  // arrays and writes one: size it to move as many bytes.
+  const double bytes = static_cast<double>((n + 1) * P * sizeof(float));
+  const std::size_t stream_count = std::max<std::size_t>(1, (n + 1) * P / 3);
+  const double stream_bytes = 3.0 * static_cast<double>(stream_count * sizeof(float));
+
+  std::vector<std::vector<float>> slots(n, std::vector<float>(P));
+  std::vector<const float*> inputs;
+  for (int r = 0; r < n; ++r) {
+    std::fill(slots[r].begin(), slots[r].end(), 0.5f * static_cast<float>(r + 1));
+    inputs.push_back(slots[r].data());
+  }
+  std::vector<float> out(P), a(stream_count, 1.0f), b(stream_count, 2.0f), c(stream_count);
+  const std::vector<double> weights(n, 1.0 / n);
+
+  // Each sample moves at least ~64 MB, so a small model's reduction is timed
+  // over many calls (it then runs from cache, as it would step after step).
+  const int repeat = static_cast<int>(std::max(1.0, 64e6 / bytes));
+  const int samples = std::max(5, std::min(30, cfg.steps));
+  std::vector<double> reduce_ms, stream_ms;
+  for (int s = -1; s < samples; ++s) {  // s == -1: warm-up; interleaved so both see the same noise
+    const auto r = timeCalls(1, repeat, [&] { reduceSlots(out.data(), inputs.data(), weights.data(), n, P); });
+    const auto st = timeCalls(1, repeat, [&] { streamAdd(c.data(), a.data(), b.data(), stream_count, n); });
+    if (s < 0) continue;
+    reduce_ms.push_back(r[0]);
+    stream_ms.push_back(st[0]);
+  }
+  if (out[P / 2] <= 0 || c[stream_count / 2] != 3.0f) throw std::logic_error("reduce-only: wrong sums");
+
+  // A Gloo allreduce of the same P floats among n processes.
+  const int gloo_iterations = 3 + samples;
+  SharedMapping shared(sizeof(double) * gloo_iterations);
+  auto* gloo_ms = static_cast<double*>(shared.data());
+  runGlooGroup(n, peerThreads(cfg), [&](int rank, GlooPeer& peer) {
+    torch::Tensor t = torch::empty({static_cast<std::int64_t>(P)});
+    for (int s = 0; s < gloo_iterations; ++s) {
+      t.fill_(1.0f);
+      const auto t0 = Clock::now();
+      peer.allreduceSum(t);
+      if (rank == 0) gloo_ms[s] = msSince(t0);
+    }
+  });
+
+  Row row = makeRow(spec, "reduce-only", n, 1, samples);
+  row.ms_per_step = median(reduce_ms);
+  row.p90_ms = percentile90(reduce_ms);
+  row.reduce_ms = row.ms_per_step;
+  const double stream = median(stream_ms);
+  row.extra["gbps"] = bytes / (row.ms_per_step * 1e6);
+  row.extra["gbps_stream"] = stream_bytes / (stream * 1e6);
+  row.extra["stream_ms"] = stream;
+  row.extra["bandwidth_fraction"] = row.extra["gbps"] / row.extra["gbps_stream"];
+  const double gloo = median(std::vector<double>(gloo_ms + 3, gloo_ms + gloo_iterations));
+  row.extra["gloo_allreduce_ms"] = gloo;
+  row.extra["gloo_over_reduce"] = gloo / row.ms_per_step;
+  return row;
+}
+
+// ---- check ---------------------------------------------------------------------------
+
+// One step's mean gradient from the same parameters and data: shm against gloo
+// (and, for information, against single-process full-batch autograd).
+Row runCheck(const ModelSpec& spec, const Data& data, const Config& cfg) {
+  torch::Tensor shm_grad;
+  {
+    Mlp model = makeModel(spec);
+    gradagg::Options options;
+    options.workers = cfg.workers;
+    // Gloo peers divide by N (DDP): with unequal shards compare like with like.
+    if (spec.batch % cfg.workers != 0) options.weighting = gradagg::Weighting::kEqual;
+    gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext& ctx) {
+      const Shard sh = shardOf(spec.batch, ctx.rank, ctx.workers);
+      return gradagg::ShardResult{loss(model, data.x.slice(0, sh.begin, sh.end),
+                                       data.y.slice(0, sh.begin, sh.end)),
+                                  sh.end - sh.begin};
+    }, options);
+    agg.step();
+    shm_grad = flatGrad(model);
+  }
+  torch::Tensor gloo_grad;
+  runGloo(spec, data, cfg, 0, 1, &gloo_grad);
+  torch::Tensor single_grad;
+  {
+    at::set_num_threads(cfg.threads);
+    Mlp model = makeModel(spec);
+    loss(model, data.x, data.y).backward();
+    single_grad = flatGrad(model);
+  }
+  auto relErr = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return (a.to(torch::kDouble) - b.to(torch::kDouble)).norm().item<double>() /
+           std::max(b.to(torch::kDouble).norm().item<double>(), 1e-300);
+  };
+  Row row = makeRow(spec, "check", cfg.workers, peerThreads(cfg), 1);
+  row.extra["rel_err_shm_gloo"] = relErr(shm_grad, gloo_grad);
+  row.extra["rel_err_shm_single"] = relErr(shm_grad, single_grad);
+  row.ok = shm_grad.numel() == gloo_grad.numel() && row.extra["rel_err_shm_gloo"] <= 1e-5;
+  return row;
+}
+
+// ---- main ------------------------------------------------------------------------------
+
+int run(int argc, char** argv) {
+  Config cfg;
+  cfg.cores = gradagg::availableCores();
+  std::string models = "all", modes = "all";
+  CLI::App app{"gradagg-bench: single process vs gradagg (shm) vs forked Gloo peers, and the "
+               "reduction alone; one markdown row per (model, mode)"};
+  app.add_option("-w,--workers", cfg.workers, "worker processes for shm, gloo and reduce-only")
+      ->check(CLI::Range(1, gradagg::Options::kMaxWorkers));
+  auto* steps_opt = app.add_option("-s,--steps", cfg.steps, "measured steps per configuration")
+                        ->check(CLI::PositiveNumber);
+  auto* warmup_opt = app.add_option("--warmup", cfg.warmup, "unmeasured steps first")
+                         ->check(CLI::NonNegativeNumber);
+  app.add_option("-m,--model", models,
+                 "comma list of all, 807, 55k, 670k, 5.8m or layer lists like 784-64-64-10");
+  app.add_option("-b,--batch", cfg.batch, "global batch for every model (default 16 for 807, 256 otherwise)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("-t,--threads", cfg.threads, "intra-op threads in single mode (default: all cores)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--modes", modes, "comma list of single, shm, gloo, reduce-only (default all)");
+  app.add_option("--json", cfg.json, "write one JSON object per configuration (JSON Lines) here");
+  app.add_flag("--short", cfg.short_run, "CI smoke run: 3 steps, 1 warm-up, only the 807 and 55k models");
+  app.add_flag("--check", cfg.check,
+               "also compare one step's mean gradient of shm and gloo on the 807 and 55k models; exit 1 if they differ");
+  try {
+    app.parse(argc, argv);
+    if (cfg.short_run) {
+      if (!steps_opt->count()) cfg.steps = 3;
+      if (!warmup_opt->count()) cfg.warmup = 1;
+      if (models == "all") models = "807,55k";
+    }
+    for (const std::string& token : split(models, ',')) {
+      if (token == "all") {
+        for (const char* name : {"807", "55k", "670k", "5.8m"}) cfg.models.push_back(parseModel(name));
+      } else {
+        cfg.models.push_back(parseModel(token));
+      }
+    }
+    for (const std::string& m : split(modes, ',')) {
+      if (m == "all") {
+        cfg.modes.insert(kModes.begin(), kModes.end());
+      } else if (std::find(kModes.begin(), kModes.end(), m) != kModes.end()) {
+        cfg.modes.insert(m);
+      } else {
+        throw CLI::ValidationError("--modes", "'" + m + "': expected single, shm, gloo, reduce-only or all");
+      }
+    }
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (cfg.threads == 0) cfg.threads = cfg.cores;
+  for (ModelSpec& spec : cfg.models)
+    if (cfg.batch > 0) spec.batch = cfg.batch;
+  for (const ModelSpec& spec : cfg.models)
+    if (spec.batch < cfg.workers)
+      throw std::invalid_argument("batch " + std::to_string(spec.batch) + " of model " + spec.name +
+                                  " is smaller than --workers " + std::to_string(cfg.workers));
+
+  std::string command;
+  for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+  const Machine machine = probeMachine(TORCH_VERSION);
+  printMachine(std::cout, machine, command);
+  std::cout << "workers " << cfg.workers << ", " << cfg.steps << " steps after " << cfg.warmup
+            << " warm-up, single-process threads " << cfg.threads << ", peer threads "
+            << peerThreads(cfg) << "\n\n"
+            << std::flush;
+
+  std::ofstream json;
+  if (!cfg.json.empty()) {
+    json.open(cfg.json, std::ios::trunc);
+    if (!json) throw std::runtime_error("cannot write " + cfg.json);
+  }
+  std::vector<Row> rows;
+  auto record = [&](Row row) {
+    if (row.mode != "check" && row.mode != "reduce-only" && row.ms_per_step > 0)
+      row.samples_per_s = 1000.0 * static_cast<double>(row.batch) / row.ms_per_step;
+    std::cerr << "  " << row.model << " " << row.mode << ": " << row.ms_per_step << " ms\n";
+    rows.push_back(row);
+    if (json) json << toJsonLine(row, machine) << "\n" << std::flush;
+  };
+
+  for (const ModelSpec& spec : cfg.models) {
+    std::cerr << "model " << spec.name << " (" << paramCount(spec) << " params, batch "
+              << spec.batch << ")\n";
+    const Data data = makeData(spec);
+    std::optional<double> single_ms;
+    auto speedup = [&](Row row) {
+      if (single_ms && row.ms_per_step > 0) row.speedup_vs_single = *single_ms / row.ms_per_step;
+      return row;
+    };
+    if (cfg.modes.count("single")) {
+      Row row = runSingle(spec, data, cfg);
+      single_ms = row.ms_per_step;
+      row.speedup_vs_single = 1.0;
+      record(row);
+    }
+    if (cfg.modes.count("shm")) record(speedup(runShm(spec, data, cfg)));
+    if (cfg.modes.count("gloo")) record(speedup(runGloo(spec, data, cfg, cfg.warmup, cfg.steps)));
+    if (cfg.modes.count("reduce-only")) record(runReduceOnly(spec, cfg));
+  }
+
+  bool all_ok = true;
+  if (cfg.check) {
+    for (const char* name : {"807", "55k"}) {
+      ModelSpec spec = parseModel(name);
+      if (cfg.batch > 0) spec.batch = cfg.batch;
+      Row row = runCheck(spec, makeData(spec), cfg);
+      all_ok = all_ok && row.ok.value_or(false);
+      record(row);
+    }
+  }
+
+  std::cout << "\n";
+  printTable(std::cout, rows);
+  if (!all_ok) {
+    std::cout << "FAILED: shm and gloo gradients differ by more than 1e-5 relative\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace gradagg::bench
+
+int main(int argc, char** argv) {
+  try {
+    return gradagg::bench::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "gradagg-bench: " << e.what() << "\n";
+    return 2;
+  }
+}

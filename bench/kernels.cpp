@@ -1,0 +1,91 @@
+#include "kernels.h"
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "reduce.h"  // gradagg/src: the library's reduction
+
+namespace gradagg::bench {
+
+namespace {
+
+// n persistent participants (this thread and n - 1 others) that each run part r
+// of a job, as the n workers each reduce their own range every step. Between
+// jobs the threads spin (yielding), as the workers do between steps, so a call
+// times the kernel, not thread start-up.
+class PartPool {
+ public:
+  explicit PartPool(int n) : n_(n) {
+    for (int r = 1; r < n_; ++r) threads_.emplace_back([this, r] { serve(r); });
+  }
+  ~PartPool() {
+    stop_ = true;
+    generation_.fetch_add(1);
+    for (auto& t : threads_) t.join();
+  }
+  int size() const { return n_; }
+
+  void run(const std::function<void(int)>& part) {
+    part_ = &part;
+    pending_.store(n_ - 1);
+    generation_.fetch_add(1);
+    part(0);
+    while (pending_.load() != 0) std::this_thread::yield();
+  }
+
+ private:
+  void serve(int r) {
+    unsigned seen = 0;
+    for (;;) {
+      unsigned g;
+      while ((g = generation_.load()) == seen) std::this_thread::yield();
+      seen = g;
+      if (stop_) return;
+      (*part_)(r);
+      pending_.fetch_sub(1);
+    }
+  }
+
+  const int n_;
+  std::vector<std::thread> threads_;
+  std::atomic<unsigned> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+  const std::function<void(int)>* part_ = nullptr;
+};
+
+PartPool& pool(int n) {
+  static std::unique_ptr<PartPool> p;
+  if (!p || p->size() != n) p = std::make_unique<PartPool>(n);
+  return *p;
+}
+
+}  // namespace
+
+void reduceSlots(float* out, const float* const* slots, const double* weights, int n,
+                 std::size_t count) {
+  const std::vector<detail::FlatTensor> flat{{0, count, detail::ElementType::kFloat32}};
+  const auto ranges = detail::splitRanges(count * sizeof(float), n);
+  const std::uint8_t flag = 1;
+  std::vector<detail::SlotView> views;
+  for (int i = 0; i < n; ++i) views.push_back({reinterpret_cast<const std::byte*>(slots[i]), &flag});
+  pool(n).run([&](int r) {
+    detail::reduceRange(flat, ranges[r], reinterpret_cast<std::byte*>(out), views.data(), weights,
+                        n);
+  });
+}
+
+void streamAdd(float* c, const float* a, const float* b, std::size_t count, int n) {
+  pool(n).run([&](int r) {
+    const std::size_t begin = count * r / n, end = count * (r + 1) / n;
+    float* __restrict cc = c;
+    const float* __restrict aa = a;
+    const float* __restrict bb = b;
+    for (std::size_t k = begin; k < end; ++k) cc[k] = aa[k] + bb[k];
+  });
+}
+
+}  // namespace gradagg::bench
