@@ -35,6 +35,7 @@
 #include <gradagg/errors.h>
 
 #include "check.h"
+#include "cross_node.h"
 #include "layout.h"
 #include "model_binding.h"
 #include "process.h"
@@ -69,6 +70,7 @@ struct Aggregator::Impl {
   std::vector<FlatTensor> flat;        // the parameters as the reduction sees them
   std::vector<ByteRange> ranges;       // worker r reduces ranges[r]
   std::vector<const c10::TensorImpl*> param_list;  // model.parameters() at construction
+  std::unique_ptr<CrossNode> cross;    // only when the run spans several nodes
   ProcessSet processes;
   int saved_parent_threads = 0;  // to restore, when options.parent_threads > 0
 
@@ -82,6 +84,7 @@ struct Aggregator::Impl {
   std::vector<const void*> inputs;  // reused by the buffer mean
   std::vector<std::int64_t> samples;
   std::vector<double> weights;
+  std::vector<std::uint8_t> any_local, any_global;  // per parameter: some worker gave a gradient
 
   Impl(torch::nn::Module& m, ShardFn fn, Options opts)
       : options((opts.validate(), std::move(opts))), model(&m), shard(std::move(fn)), binding(m) {
@@ -104,7 +107,11 @@ struct Aggregator::Impl {
     inputs.resize(n);
     samples.resize(n);
     weights.resize(n);
+    any_local.resize(binding.params().size());
+    any_global.resize(binding.params().size());
     report.workers.resize(n);
+    if (options.nodes.nodes > 1)
+      cross = std::make_unique<CrossNode>(options.nodes, binding, layout, segment.base(), n);
     startWorkers();
     if (options.parent_threads > 0) {
       saved_parent_threads = at::get_num_threads();
@@ -158,6 +165,15 @@ struct Aggregator::Impl {
         s.flat = &flat;
         s.range = ranges[r];
         s.parent = parent;
+        s.normalize = !cross;
+        if (cross) {
+          s.node = cross->node();
+          s.nodes = cross->nodes();
+          s.worker_offset = cross->workerOffset();
+          s.global_workers = cross->globalWorkers();
+        } else {
+          s.global_workers = n;
+        }
         return workerMain(s);
       });
     }
@@ -287,39 +303,110 @@ struct Aggregator::Impl {
     return true;
   }
 
+  // Runs a cross-node call; if it fails, this node's workers are stopped too.
+  template <typename F>
+  auto crossNode(F&& call) {
+    try {
+      return call();
+    } catch (const NodeFailed& e) {
+      processes.killAll();
+      usable = false;
+      unusable_reason = e.what();
+      throw;
+    }
+  }
+
   const StepReport& runStep() {
+    const int n = options.workers;
+    const bool equal = options.weighting == Weighting::kEqual;
     const auto t0 = Clock::now();
     verifyModel();
+    const int interval = options.nodes.checksum_interval;
+    if (cross && interval > 0 && steps_done > 0 && steps_done % interval == 0)
+      crossNode([&] { cross->checkParameters(steps_done); });
     command(Command::kStep);
     const auto t1 = Clock::now();
     awaitReduced(steps_done);
     const auto t2 = Clock::now();
-    for (int r = 0; r < options.workers; ++r) {
-      if (statusOf(r) == SlotStatus::kFailed) {
-        const auto phase = static_cast<Phase>(control(r).failed_phase);
-        throw WorkerFailed(fmt::format("gradagg: worker {} failed in phase '{}' of step {}: {}", r,
-                                       phaseName(phase), steps_done, control(r).message),
-                           r, phase, control(r).message);
+    int failed = -1, non_finite = -1;
+    for (int r = n - 1; r >= 0; --r) {
+      if (statusOf(r) == SlotStatus::kFailed) failed = r;
+      if (statusOf(r) == SlotStatus::kNonFinite) non_finite = r;
+    }
+    double total = 0;
+    for (int r = 0; r < n; ++r) {
+      samples[r] = control(r).samples;
+      total += equal ? 1.0 : static_cast<double>(samples[r]);
+    }
+    computeWeights(equal, samples.data(), n, weights.data());
+    localFlags();
+    CrossNode::Status global;
+    if (cross) {
+      double loss = 0;
+      std::int64_t local_samples = 0;
+      for (int r = 0; r < n; ++r) {
+        loss += weights[r] * control(r).loss;
+        local_samples += samples[r];
       }
-      if (statusOf(r) == SlotStatus::kNonFinite) return nonFinite(r, t0, t1, t2);
+      any_global = any_local;
+      global = crossNode([&] {
+        return cross->exchangeStatus(failed >= 0, non_finite >= 0, total, loss, local_samples,
+                                     any_global);
+      });
+      if (failed < 0 && global.failed > 0)
+        throw NodeFailed(fmt::format("gradagg: a worker on another node failed in step {}; no "
+                                     "node applied the step (this is node {})",
+                                     steps_done, cross->node()),
+                         cross->node());
+      if (failed < 0 && non_finite < 0 && global.non_finite > 0)
+        return skipOrRaise(-1, t0, t1, t2);
+    }
+    if (failed >= 0) {
+      const auto phase = static_cast<Phase>(control(failed).failed_phase);
+      throw WorkerFailed(fmt::format("gradagg: worker {} failed in phase '{}' of step {}: {}",
+                                     failed, phaseName(phase), steps_done,
+                                     control(failed).message),
+                         failed, phase, control(failed).message);
+    }
+    if (non_finite >= 0) return skipOrRaise(non_finite, t0, t1, t2);
+    const bool node_buffers = cross && options.buffers == BufferSync::kFromRank0;
+    if (cross) {
+      crossNode([&] {
+        cross->reduceResult(static_cast<int>(1 - grad_result), any_local, any_global,
+                            global.total);
+        if (node_buffers)
+          cross->gatherBuffers(segment.base() + layout.slotOffset(0) + layout.slot_buffers_offset);
+      });
     }
     report.consecutive_skips = 0;
     report.skipped = false;
-    for (int r = 0; r < options.workers; ++r) samples[r] = control(r).samples;
-    computeWeights(options.weighting == Weighting::kEqual, samples.data(), options.workers,
-                   weights.data());
-    applyGradients();
-    syncBuffers();
+    applyGradients(cross ? any_global : any_local);
+    if (node_buffers)
+      cross->commitBuffers();
+    else if (!cross)
+      syncBuffers();
     fillReport(t0, t1, t2, Clock::now());
+    if (cross) {
+      report.loss = global.loss;
+      report.samples = global.samples;
+    }
     ++steps_done;
     return report;
   }
 
-  const StepReport& nonFinite(int r, Clock::time_point t0, Clock::time_point t1,
-                              Clock::time_point t2) {
-    const int k = control(r).bad_param;
-    const std::string param = k >= 0 ? binding.params()[k].name : "";
-    const std::string message = control(r).message;
+  // Per parameter: did any of this node's workers produce a gradient?
+  void localFlags() {
+    for (std::size_t k = 0; k < any_local.size(); ++k) {
+      bool any = false;
+      for (int r = 0; r < options.workers && !any; ++r)
+        any = segment.base()[layout.slotOffset(r) + layout.slot_flags_offset + k] != std::byte{0};
+      any_local[k] = any ? 1 : 0;
+    }
+  }
+
+  // A non-finite gradient in worker `r` (or, r < 0, on another node).
+  const StepReport& skipOrRaise(int r, Clock::time_point t0, Clock::time_point t1,
+                                Clock::time_point t2) {
     const bool skip = options.non_finite == NonFinitePolicy::kSkipStep;
     if (skip && report.consecutive_skips < options.max_consecutive_skips) {
       for (TensorEntry& p : binding.params())
@@ -336,21 +423,27 @@ struct Aggregator::Impl {
         skip ? fmt::format("; {} consecutive steps were skipped already (max_consecutive_skips)",
                            report.consecutive_skips)
              : "";
+    if (r < 0)
+      throw NodeFailed(fmt::format("gradagg: a non-finite gradient on another node in step {}{}; "
+                                   "no node applied the step (this is node {})",
+                                   steps_done, why, cross->node()),
+                       cross->node());
+    const int k = control(r).bad_param;
+    const std::string param = k >= 0 ? binding.params()[k].name : "";
+    const std::string message = control(r).message;
     throw NonFiniteGradient(fmt::format("gradagg: worker {} in step {}: {}{}", r, steps_done,
                                         message, why),
                             r, Phase::kWritingSlot, message, param);
   }
 
-  // .grad of every parameter some worker flagged becomes a view of the new result.
-  void applyGradients() {
+  // .grad of every flagged parameter becomes a view of the new result; the
+  // others' .grad becomes undefined.
+  void applyGradients(const std::vector<std::uint8_t>& any) {
     const std::uint32_t fresh = 1 - grad_result;
     auto& params = binding.params();
     for (std::size_t k = 0; k < params.size(); ++k) {
-      bool any = false;
-      for (int r = 0; r < options.workers && !any; ++r)
-        any = segment.base()[layout.slotOffset(r) + layout.slot_flags_offset + k] != std::byte{0};
       TensorEntry& p = params[k];
-      if (any)
+      if (any[k])
         p.tensor.mutable_grad() = result_views[fresh][k];
       else if (p.tensor.grad().defined())
         p.tensor.mutable_grad() = at::Tensor();

@@ -3,6 +3,8 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <type_traits>
 #include <thread>
 
 #include <fmt/format.h>
@@ -37,10 +39,58 @@ void Options::validate() const {
                                       max_consecutive_skips));
   if (max_restarts < 0)
     throw InvalidArgument(fmt::format("Options.max_restarts: expected >= 0, got {}", max_restarts));
+  if (nodes.nodes < 1)
+    throw InvalidArgument(fmt::format("Options.nodes.nodes: expected >= 1, got {}", nodes.nodes));
+  if (nodes.node_rank < 0 || nodes.node_rank >= nodes.nodes)
+    throw InvalidArgument(fmt::format("Options.nodes.node_rank: expected 0..{}, got {}",
+                                      nodes.nodes - 1, nodes.node_rank));
+  if (nodes.nodes > 1 && nodes.store_path.empty() &&
+      (nodes.master_port < 1 || nodes.master_port > 65535))
+    throw InvalidArgument(fmt::format("Options.nodes.master_port: expected 1..65535, got {}",
+                                      nodes.master_port));
+  if (nodes.timeout.count() <= 0)
+    throw InvalidArgument(fmt::format("Options.nodes.timeout: expected > 0 ms, got {} ms",
+                                      nodes.timeout.count()));
+  if (nodes.checksum_interval < 0)
+    throw InvalidArgument(fmt::format("Options.nodes.checksum_interval: expected >= 0, got {}",
+                                      nodes.checksum_interval));
+  if (nodes.nodes > 1 && buffers == BufferSync::kMean)
+    throw InvalidArgument(
+        "Options.buffers: BufferSync::kMean is not supported across nodes yet; use kFromRank0 "
+        "(node 0's worker 0 wins, as in DDP) or kKeepParent");
   if (shutdown_timeout.count() < 0)
     throw InvalidArgument(fmt::format("Options.shutdown_timeout: expected >= 0 ms, got {} ms",
                                       shutdown_timeout.count()));
 }
+
+NodeOptions NodeOptions::fromEnvironment(NodeOptions o) {
+  auto text = [](const char* name, std::string& out) {
+    if (const char* v = std::getenv(name); v != nullptr && *v != '\0') out = v;
+  };
+  auto number = [](const char* name, auto& out) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') return;
+    char* end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    if (end == v || *end != '\0')
+      throw InvalidArgument(fmt::format("environment variable {}: expected an integer, got '{}'",
+                                        name, v));
+    out = static_cast<std::remove_reference_t<decltype(out)>>(n);
+  };
+  number("GRADAGG_NNODES", o.nodes);
+  number("GRADAGG_NODE_RANK", o.node_rank);
+  text("MASTER_ADDR", o.master_addr);
+  number("MASTER_PORT", o.master_port);
+  text("GRADAGG_STORE_PATH", o.store_path);
+  text("GRADAGG_SOCKET_IFNAME", o.interface);
+  long long timeout_ms = o.timeout.count();
+  number("GRADAGG_NODE_TIMEOUT_MS", timeout_ms);
+  o.timeout = std::chrono::milliseconds(timeout_ms);
+  number("GRADAGG_CHECKSUM_INTERVAL", o.checksum_interval);
+  return o;
+}
+
+NodeOptions NodeOptions::fromEnvironment() { return fromEnvironment(NodeOptions{}); }
 
 int Options::resolvedThreadsPerWorker() const {
   if (threads_per_worker > 0) return threads_per_worker;

@@ -73,10 +73,21 @@ std::vector<ByteRange> splitRanges(std::uint64_t total_bytes, int parts) {
   return out;
 }
 
-void computeWeights(bool equal, const std::int64_t* samples, int n, double* w) {
+void computeWeights(bool equal, const std::int64_t* samples, int n, double* w, bool normalize) {
   double total = 0;
-  for (int i = 0; i < n; ++i) total += static_cast<double>(samples[i]);
-  for (int i = 0; i < n; ++i) w[i] = equal ? 1.0 / n : static_cast<double>(samples[i]) / total;
+  for (int i = 0; i < n; ++i) total += equal ? 1.0 : static_cast<double>(samples[i]);
+  if (!normalize) total = 1;
+  for (int i = 0; i < n; ++i) w[i] = (equal ? 1.0 : static_cast<double>(samples[i])) / total;
+}
+
+void scaleInPlace(ElementType type, void* data, std::size_t count, double factor) {
+  if (type == ElementType::kFloat32) {
+    auto* p = static_cast<float*>(data);
+    for (std::size_t k = 0; k < count; ++k) p[k] = static_cast<float>(p[k] * factor);
+  } else {
+    auto* p = static_cast<double*>(data);
+    for (std::size_t k = 0; k < count; ++k) p[k] = p[k] * factor;
+  }
 }
 
 void reduceRange(const std::vector<FlatTensor>& params, ByteRange range, std::byte* out,

@@ -31,8 +31,13 @@ struct ByteRange {
 // boundaries (element boundaries inside every parameter). Some may be empty.
 std::vector<ByteRange> splitRanges(std::uint64_t total_bytes, int parts);
 
-// w_i = samples_i / sum(samples), or 1 / n when `equal`.
-void computeWeights(bool equal, const std::int64_t* samples, int n, double* w);
+// w_i = samples_i / sum(samples), or 1 / n when `equal`; without `normalize`,
+// w_i = samples_i, or 1 (across nodes the division comes after the allreduce).
+void computeWeights(bool equal, const std::int64_t* samples, int n, double* w,
+                    bool normalize = true);
+
+// data[k] = (T)((double)data[k] * factor).
+void scaleInPlace(ElementType type, void* data, std::size_t count, double factor);
 
 // The slots as the reduction sees them.
 struct SlotView {

@@ -173,7 +173,14 @@ class Worker {
       loadSnapshot();
       control_.load_ms = millisSince(t0);
       enter(Phase::kShard);
-      ShardContext ctx{s_.rank, n_, header_.step};
+      ShardContext ctx;
+      ctx.rank = s_.rank;
+      ctx.workers = n_;
+      ctx.step = header_.step;
+      ctx.global_rank = s_.worker_offset + s_.rank;
+      ctx.global_workers = s_.global_workers;
+      ctx.node = s_.node;
+      ctx.nodes = s_.nodes;
       t0 = Clock::now();
       ShardResult result = (*s_.shard)(ctx);
       control_.shard_ms = millisSince(t0);
@@ -283,7 +290,7 @@ class Worker {
       samples_[r] = c.samples;
     }
     computeWeights(s_.options->weighting == Weighting::kEqual, samples_.data(), n_,
-                   weights_.data());
+                   weights_.data(), s_.normalize);
     std::byte* out = base_ + layout_.result_offset[header_.result_index & 1];
     reduceRange(*s_.flat, s_.range, out, slots_.data(), weights_.data(), n_);
   }

@@ -27,6 +27,13 @@ struct WorkerSetup {
   const std::vector<FlatTensor>* flat = nullptr;  // the parameters as the reduction sees them
   ByteRange range;                        // this worker's range of the flat gradient
   pid_t parent = 0;
+  // Across nodes: the reduction leaves sum_i w_i g_i unnormalised (the parent
+  // divides after the allreduce), and the shard function learns its global rank.
+  bool normalize = true;
+  int node = 0;
+  int nodes = 1;
+  int worker_offset = 0;
+  int global_workers = 1;
 };
 
 // Runs in the child right after fork and returns its exit status. The work runs

@@ -96,6 +96,19 @@ class StepTimeout : public WorkerError {
   using WorkerError::WorkerError;
 };
 
+// Across nodes: a peer node died or stalled past NodeOptions::timeout, the
+// rendezvous failed, or the nodes' parameters diverged. This node's workers are
+// stopped and nothing of the failed step is applied here; the aggregator is no
+// longer usable.
+class NodeFailed : public Error {
+ public:
+  NodeFailed(const std::string& what, int node) : Error(what), node_(node) {}
+  int node() const noexcept { return node_; }  // this node's rank
+
+ private:
+  int node_;
+};
+
 // step() after shutdown() or after an error that stopped the workers.
 class NotUsable : public Error {
  public:

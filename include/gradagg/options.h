@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include <gradagg/errors.h>
 
@@ -26,6 +27,34 @@ enum class BufferSync {
   kMean,        // floating-point buffers: mean over workers with the step's weights;
                 // other dtypes (e.g. num_batches_tracked) from worker 0
   kKeepParent,  // workers' updates are discarded; the parent's buffers stay as they are
+};
+
+// Several machines (nodes): inside each, workers reduce through shared memory;
+// across them the node parents allreduce with LibTorch's c10d ProcessGroupGloo.
+// A single-node run (nodes == 1) needs none of this and pays nothing for it.
+struct NodeOptions {
+  int nodes = 1;      // GRADAGG_NNODES
+  int node_rank = 0;  // GRADAGG_NODE_RANK, 0..nodes-1
+  // Rendezvous: a c10d TCPStore served by node 0 at master_addr:master_port
+  // (MASTER_ADDR, MASTER_PORT as torchrun names them), or a c10d FileStore at
+  // store_path on a file system every node sees (GRADAGG_STORE_PATH), used when set.
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string store_path;
+  // Network interface Gloo binds to (GRADAGG_SOCKET_IFNAME, e.g. "eth0");
+  // empty: the address this machine's hostname resolves to.
+  std::string interface;
+  // Deadline of the rendezvous and of every cross-node collective
+  // (GRADAGG_NODE_TIMEOUT_MS): a dead node or a stalled network ends every
+  // other node with NodeFailed within it.
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  // Every this many steps, the nodes compare a checksum of their parameters
+  // (GRADAGG_CHECKSUM_INTERVAL); 0 = never.
+  int checksum_interval = 100;
+
+  // `defaults` overridden by whichever of the variables above are set.
+  static NodeOptions fromEnvironment(NodeOptions defaults);
+  static NodeOptions fromEnvironment();
 };
 
 // What a step does when a worker's gradient (or loss) is NaN or infinite.
@@ -61,6 +90,7 @@ struct Options {
   // A restarted worker starts from the parent's state: keep per-worker state in
   // the shard function derivable from (rank, step) if you use this.
   int max_restarts = 0;
+  NodeOptions nodes;
   // Each step, compare model.parameters() with the list at construction, so a
   // replaced submodule or a new parameter is an InvalidArgument instead of a
   // silently untrained model. LibTorch builds that list anew (a few small

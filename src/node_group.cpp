@@ -1,0 +1,118 @@
+#include "node_group.h"
+
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <gradagg/errors.h>
+
+namespace gradagg::detail {
+
+struct NodeGroup::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+};
+
+namespace {
+std::string message(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+}  // namespace
+
+NodeGroup::NodeGroup(const NodeOptions& o)
+    : impl_(std::make_unique<Impl>()), rank_(o.node_rank), size_(o.nodes), timeout_(o.timeout) {
+  try {
+    c10::intrusive_ptr<c10d::Store> base;
+    if (!o.store_path.empty()) {
+      base = c10::make_intrusive<c10d::FileStore>(o.store_path, o.nodes);
+    } else {
+      c10d::TCPStoreOptions t;
+      t.port = static_cast<std::uint16_t>(o.master_port);
+      t.isServer = o.node_rank == 0;
+      t.numWorkers = o.nodes;
+      t.waitWorkers = true;
+      t.timeout = o.timeout;
+      base = c10::make_intrusive<c10d::TCPStore>(o.master_addr, t);
+    }
+    base->setTimeout(o.timeout);
+    impl_->store = c10::make_intrusive<c10d::PrefixStore>("gradagg", base);
+    auto options = c10d::ProcessGroupGloo::Options::create(o.timeout);
+    options->devices.push_back(
+        o.interface.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                            : c10d::ProcessGroupGloo::createDeviceForInterface(o.interface));
+    options->threads = 2;
+    impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, o.node_rank,
+                                                               o.nodes, options);
+  } catch (const std::exception& e) {
+    throw NodeFailed(
+        fmt::format("gradagg: node {} of {}: rendezvous through {} failed within {} ms: {}",
+                    o.node_rank, o.nodes,
+                    o.store_path.empty() ? fmt::format("TCPStore {}:{}", o.master_addr,
+                                                       o.master_port)
+                                         : "FileStore " + o.store_path,
+                    o.timeout.count(), message(e)),
+        o.node_rank);
+  }
+}
+
+NodeGroup::~NodeGroup() = default;
+
+void NodeGroup::fail(const char* what, const std::exception& e) const {
+  throw NodeFailed(fmt::format("gradagg: node {} of {}: {} failed (a peer node died, stalled "
+                               "past {} ms, or disagrees): {}",
+                               rank_, size_, what, timeout_.count(), message(e)),
+                   rank_);
+}
+
+void NodeGroup::allreduceSum(at::Tensor& t, const char* what) {
+  try {
+    std::vector<at::Tensor> tensors{t};
+    impl_->group->allreduce(tensors)->wait(timeout_);
+  } catch (const std::exception& e) {
+    fail(what, e);
+  }
+}
+
+void NodeGroup::broadcastFromNode0(at::Tensor& t, const char* what) {
+  try {
+    std::vector<at::Tensor> tensors{t};
+    impl_->group->broadcast(tensors)->wait(timeout_);
+  } catch (const std::exception& e) {
+    fail(what, e);
+  }
+}
+
+std::vector<std::int64_t> NodeGroup::allgather(std::int64_t value, const char* what) {
+  try {
+    std::vector<at::Tensor> input{at::full({1}, value, at::kLong)};
+    std::vector<std::vector<at::Tensor>> output(1);
+    for (int r = 0; r < size_; ++r) output[0].push_back(at::empty({1}, at::kLong));
+    impl_->group->allgather(output, input)->wait(timeout_);
+    std::vector<std::int64_t> out;
+    for (const auto& t : output[0]) out.push_back(t.item<std::int64_t>());
+    return out;
+  } catch (const std::exception& e) {
+    fail(what, e);
+  }
+}
+
+std::vector<std::string> NodeGroup::exchange(const std::string& key, const std::string& value) {
+  try {
+    impl_->store->set(fmt::format("{}/{}", key, rank_),
+                      std::vector<std::uint8_t>(value.begin(), value.end()));
+    std::vector<std::string> out;
+    for (int r = 0; r < size_; ++r) {
+      const auto bytes = impl_->store->get(fmt::format("{}/{}", key, r));
+      out.emplace_back(bytes.begin(), bytes.end());
+    }
+    return out;
+  } catch (const std::exception& e) {
+    fail(("exchanging " + key).c_str(), e);
+  }
+}
+
+}  // namespace gradagg::detail

@@ -1,0 +1,47 @@
+// NodeGroup: this node's parent in the group of node parents, on LibTorch's
+// c10d ProcessGroupGloo (Debian libgloo-dev). Only node_group.cpp sees c10d.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include <gradagg/options.h>
+
+namespace gradagg::detail {
+
+class NodeGroup {
+ public:
+  // Rendezvous with the other node parents (TCPStore or FileStore). Throws
+  // NodeFailed when it does not complete within options.timeout.
+  explicit NodeGroup(const NodeOptions& options);
+  ~NodeGroup();
+  NodeGroup(const NodeGroup&) = delete;
+  NodeGroup& operator=(const NodeGroup&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+
+  // In place: the sum over all nodes (identical bits on every node). Throws NodeFailed.
+  void allreduceSum(at::Tensor& t, const char* what);
+  // In place: node 0's values everywhere. Throws NodeFailed.
+  void broadcastFromNode0(at::Tensor& t, const char* what);
+  // Every node contributes `value`; returns all of them in node order. Throws NodeFailed.
+  std::vector<std::string> exchange(const std::string& key, const std::string& value);
+  std::vector<std::int64_t> allgather(std::int64_t value, const char* what);
+
+ private:
+  [[noreturn]] void fail(const char* what, const std::exception& e) const;
+
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::chrono::milliseconds timeout_{0};
+};
+
+}  // namespace gradagg::detail
