@@ -3,6 +3,7 @@
 // process on the full batch. The two must agree.
 #include <cmath>
 #include <cstdio>
+#include <stdexcept>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -23,10 +24,18 @@ TORCH_MODULE(Linear);
 int main(int argc, char** argv) {
   int workers = 4;
   int steps = 100;
+  // Several machines: flags, or torchrun-style environment variables (see README).
+  gradagg::NodeOptions nodes = gradagg::NodeOptions::fromEnvironment();
   CLI::App app{"gradagg parity demo: forked workers vs one process on y = 3x + 4"};
-  app.add_option("-w,--workers", workers, "worker processes (1..4: one sample or more each)")
+  app.add_option("-w,--workers", workers, "worker processes on this node (all nodes: 1..4 in all)")
       ->check(CLI::Range(1, 4));
   app.add_option("-s,--steps", steps, "SGD steps")->check(CLI::NonNegativeNumber);
+  app.add_option("--nodes", nodes.nodes, "machines taking part (GRADAGG_NNODES)");
+  app.add_option("--node-rank", nodes.node_rank, "this machine's rank (GRADAGG_NODE_RANK)");
+  app.add_option("--master-addr", nodes.master_addr, "node 0's address, for the TCPStore (MASTER_ADDR)");
+  app.add_option("--master-port", nodes.master_port, "its port (MASTER_PORT)");
+  app.add_option("--store", nodes.store_path, "a FileStore path every node sees, instead (GRADAGG_STORE_PATH)");
+  app.add_option("--ifname", nodes.interface, "network interface for Gloo (GRADAGG_SOCKET_IFNAME)");
   CLI11_PARSE(app, argc, argv);
 
   const auto x = torch::tensor({2.0f, 4.0f, 6.0f, 10.0f});
@@ -47,11 +56,16 @@ int main(int argc, char** argv) {
   torch::optim::SGD opt(model->parameters(), lr);
   gradagg::Options options;
   options.workers = workers;
+  options.nodes = nodes;
   double aggregate_ms = 0;
   {
     gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext& ctx) {
+      // Global worker g of G owns samples [4g/G, 4(g+1)/G).
       const int64_t n = x.size(0);
-      const int64_t begin = n * ctx.rank / ctx.workers, end = n * (ctx.rank + 1) / ctx.workers;
+      if (ctx.global_workers > n)
+        throw std::invalid_argument("more workers in all than the 4 samples");
+      const int64_t begin = n * ctx.global_rank / ctx.global_workers;
+      const int64_t end = n * (ctx.global_rank + 1) / ctx.global_workers;
       auto xs = x.slice(0, begin, end), ys = y.slice(0, begin, end);
       return gradagg::ShardResult{torch::mse_loss(model->forward(xs), ys), end - begin};
     }, options);
@@ -70,7 +84,11 @@ int main(int argc, char** argv) {
   const double rel = diff / std::max(std::abs(p_single), 1e-30);
   fmt::print("prediction at x = 1 after {} steps (SGD lr {}):\n", steps, lr);
   fmt::print("  single process      : {:.12f}\n", p_single);
-  fmt::print("  gradagg, {} workers  : {:.12f}\n", workers, p_agg);
+  if (nodes.nodes > 1)
+    fmt::print("  gradagg, node {} of {}: {:.12f} ({} workers here)\n", nodes.node_rank,
+               nodes.nodes, p_agg, workers);
+  else
+    fmt::print("  gradagg, {} workers  : {:.12f}\n", workers, p_agg);
   fmt::print("  absolute difference : {:.3e} (relative {:.3e})\n", diff, rel);
   fmt::print("  true value          : 7\n");
   fmt::print("  theta {:.9f} bias {:.9f}; gradagg steps took {:.1f} ms in all\n",
