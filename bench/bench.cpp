@@ -47,7 +47,7 @@ double msSince(Clock::time_point t0) {
 constexpr double kLearningRate = 0.01;
 constexpr std::uint64_t kSeed = 20240601;
 constexpr auto kPeerTimeout = std::chrono::minutes(10);
-const std::vector<std::string> kModes = {"single", "shm", "gloo", "reduce-only"};
+const std::vector<std::string> kModes = {"single", "shm", "gloo", "shm-2nodes", "reduce-only"};
 
 // ---- models and data -------------------------------------------------------
 
@@ -254,6 +254,13 @@ Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
   return row;
 }
 
+// ---- shm across 2 nodes on loopback ------------------------------------------------
+// Two process trees (nodes), each an Aggregator with max(1, workers / 2) workers,
+// joined through c10d Gloo: the cross-node step (StepReport::node_ms) next to the
+// in-node reduction. Each node sends and receives about P x 4 bytes per step
+// (a ring allreduce of 2 nodes), plus a status line of 5 + (parameter tensors) doubles.
+Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg);
+
 // ---- gloo (forked peers, DDP style) ---------------------------------------------
 
 // A fresh directory for one group's FileStore, removed with everything in it.
@@ -356,6 +363,57 @@ Row runGloo(const ModelSpec& spec, const Data& data, const Config& cfg, int warm
   row.sync_us = 1000 * row.reduce_ms;
   row.extra["compute_ms"] = median(compute);
   row.extra["optimizer_ms"] = median(optimizer);
+  return row;
+}
+
+Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg) {
+  struct NodeTimes {
+    double total_ms, node_ms, reduce_ms;
+  };
+  const int per_node = std::max(1, cfg.workers / 2);
+  const int total_steps = cfg.warmup + cfg.steps;
+  TempDir dir;
+  SharedMapping shared(sizeof(NodeTimes) * total_steps);
+  auto* times = static_cast<NodeTimes*>(shared.data());
+  ForkedPeers nodes;
+  nodes.spawn(2, [&](int node) {
+    Mlp model = makeModel(spec);
+    torch::optim::SGD opt(model->parameters(), kLearningRate);
+    gradagg::Options options;
+    options.workers = per_node;
+    options.nodes.nodes = 2;
+    options.nodes.node_rank = node;
+    options.nodes.store_path = dir.path() + "/store";
+    options.nodes.interface = "lo";
+    options.nodes.checksum_interval = 0;
+    gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext& ctx) {
+      const Shard sh = shardOf(spec.batch, ctx.global_rank, ctx.global_workers);
+      return gradagg::ShardResult{loss(model, data.x.slice(0, sh.begin, sh.end),
+                                       data.y.slice(0, sh.begin, sh.end)),
+                                  sh.end - sh.begin};
+    }, options);
+    for (int s = 0; s < total_steps; ++s) {
+      const auto t0 = Clock::now();
+      const gradagg::StepReport& r = agg.step();
+      opt.step();
+      if (node == 0) times[s] = NodeTimes{msSince(t0), r.node_ms, r.reduce_ms};
+    }
+    return 0;
+  });
+  nodes.join(std::chrono::minutes(30));
+  std::vector<double> total, node_ms, reduce;
+  for (int s = cfg.warmup; s < total_steps; ++s) {
+    total.push_back(times[s].total_ms);
+    node_ms.push_back(times[s].node_ms);
+    reduce.push_back(times[s].reduce_ms);
+  }
+  Row row = makeRow(spec, "shm-2nodes", 2 * per_node, 1, cfg.steps);
+  row.ms_per_step = median(total);
+  row.p90_ms = percentile90(total);
+  row.reduce_ms = median(reduce);
+  row.sync_us = 1000 * median(node_ms);
+  row.extra["node_ms"] = median(node_ms);
+  row.extra["bytes_per_node_per_step"] = 4.0 * static_cast<double>(paramCount(spec));
   return row;
 }
 
@@ -495,7 +553,7 @@ int run(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("-t,--threads", cfg.threads, "intra-op threads in single mode (default: all cores)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--modes", modes, "comma list of single, shm, gloo, reduce-only (default all)");
+  app.add_option("--modes", modes, "comma list of single, shm, gloo, shm-2nodes, reduce-only (default all)");
   app.add_option("--json", cfg.json, "write one JSON object per configuration (JSON Lines) here");
   app.add_flag("--short", cfg.short_run, "CI smoke run: 3 steps, 1 warm-up, only the 807 and 55k models");
   app.add_flag("--check", cfg.check,
@@ -520,7 +578,7 @@ int run(int argc, char** argv) {
       } else if (std::find(kModes.begin(), kModes.end(), m) != kModes.end()) {
         cfg.modes.insert(m);
       } else {
-        throw CLI::ValidationError("--modes", "'" + m + "': expected single, shm, gloo, reduce-only or all");
+        throw CLI::ValidationError("--modes", "'" + m + "': expected single, shm, gloo, shm-2nodes, reduce-only or all");
       }
     }
   } catch (const CLI::ParseError& e) {
@@ -574,6 +632,7 @@ int run(int argc, char** argv) {
     }
     if (cfg.modes.count("shm")) record(speedup(runShm(spec, data, cfg)));
     if (cfg.modes.count("gloo")) record(speedup(runGloo(spec, data, cfg, cfg.warmup, cfg.steps)));
+    if (cfg.modes.count("shm-2nodes")) record(speedup(runNodes(spec, data, cfg)));
     if (cfg.modes.count("reduce-only")) record(runReduceOnly(spec, cfg));
   }
 

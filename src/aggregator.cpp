@@ -341,6 +341,7 @@ struct Aggregator::Impl {
     computeWeights(equal, samples.data(), n, weights.data());
     localFlags();
     CrossNode::Status global;
+    const auto node_t0 = Clock::now();
     if (cross) {
       double loss = 0;
       std::int64_t local_samples = 0;
@@ -378,6 +379,7 @@ struct Aggregator::Impl {
           cross->gatherBuffers(segment.base() + layout.slotOffset(0) + layout.slot_buffers_offset);
       });
     }
+    const double node_ms = cross ? millisSince(node_t0) : 0.0;
     report.consecutive_skips = 0;
     report.skipped = false;
     applyGradients(cross ? any_global : any_local);
@@ -386,6 +388,7 @@ struct Aggregator::Impl {
     else if (!cross)
       syncBuffers();
     fillReport(t0, t1, t2, Clock::now());
+    report.node_ms = node_ms;
     if (cross) {
       report.loss = global.loss;
       report.samples = global.samples;

@@ -25,6 +25,7 @@ struct StepReport {
   double publish_ms = 0;     // parent: checking the snapshot and waking the workers
   double compute_ms = 0;     // parent: from waking the workers until every range is reduced
   double reduce_ms = 0;      // the slowest worker's reduce_ms (the sum runs in the workers)
+  double node_ms = 0;        // across nodes: the node parents' collectives (0 on one node)
   double apply_ms = 0;       // parent: pointing .grad at the result, buffers, this report
   double total_ms = 0;       // the whole step() call
   bool skipped = false;       // NonFinitePolicy::kSkipStep skipped this step
