@@ -26,6 +26,7 @@ struct NodeRun {
   std::string store;
   std::chrono::milliseconds timeout{20000};
   int kill_self_at_step = -1;  // this node's parent dies (SIGKILL) during that step
+  int perturb_after_step = -1;  // this node's parameters drift after that step
 };
 
 // What a node process sends back: an outcome code and its parameters.
@@ -59,6 +60,10 @@ std::vector<torch::Tensor> trainNode(const NodeRun& run, Outcome* outcome, std::
       sgd.zero_grad();
       agg.step();
       sgd.step();
+      if (s == run.perturb_after_step) {
+        torch::NoGradGuard no_grad;
+        model->parameters()[0].add_(1e-3);
+      }
     }
     *outcome = kOk;
   } catch (const gradagg::NodeFailed& e) {
@@ -228,6 +233,22 @@ TEST_F(MultiNode, AKilledNodeEndsTheOtherWithNodeFailedWithinTheTimeout) {
   EXPECT_EQ(results[0].outcome, kNodeFailed) << results[0].what;
   EXPECT_NE(results[0].what.find("node 0 of 2"), std::string::npos) << results[0].what;
   EXPECT_LT(results[0].seconds, 5.0 + 10.0);  // the timeout, plus start-up
+}
+
+TEST_F(MultiNode, DivergedParametersAreCaughtByTheChecksumOnEveryNode) {
+  NodeRun run;
+  run.nodes = 2;
+  run.store = store("e");
+  run.steps = 6;  // checksums before steps 2 and 4
+  NodeRun other = run;
+  other.node = 1;
+  other.perturb_after_step = 2;
+  const auto results = runNodes({run, other});
+  for (const auto& r : results) {
+    EXPECT_EQ(r.outcome, kNodeFailed) << r.what;
+    EXPECT_NE(r.what.find("diverged"), std::string::npos) << r.what;
+    EXPECT_NE(r.what.find("node(s) 1"), std::string::npos) << r.what;
+  }
 }
 
 TEST_F(MultiNode, DifferentModelsAreAClearErrorOnEveryNode) {
