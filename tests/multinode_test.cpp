@@ -27,6 +27,7 @@ struct NodeRun {
   std::chrono::milliseconds timeout{20000};
   int kill_self_at_step = -1;  // this node's parent dies (SIGKILL) during that step
   int perturb_after_step = -1;  // this node's parameters drift after that step
+  int stop_self_at_step = -1;   // this node's parent stops (SIGSTOP) during that step: a stall
 };
 
 // What a node process sends back: an outcome code and its parameters.
@@ -51,6 +52,7 @@ std::vector<torch::Tensor> trainNode(const NodeRun& run, Outcome* outcome, std::
     const int kill_at = run.kill_self_at_step;
     gradagg::Aggregator agg(*model, [&, kill_at](const gradagg::ShardContext& c) {
       if (c.step == kill_at && c.rank == 0) ::kill(::getppid(), SIGKILL);
+      if (c.step == run.stop_self_at_step && c.rank == 0) ::kill(::getppid(), SIGSTOP);
       const auto bounds = shardBounds(run.batch, c.global_workers, run.unequal);
       const int64_t b = bounds[c.global_rank], e = bounds[c.global_rank + 1];
       auto loss = model->loss(model->forward(data.x.slice(0, b, e)), data.y.slice(0, b, e));
@@ -120,7 +122,14 @@ std::vector<NodeResult> runNodes(std::vector<NodeRun> runs) {
     children.emplace_back(pid, fds[0]);
   }
   std::vector<NodeResult> results(runs.size());
-  for (size_t i = 0; i < children.size(); ++i) {
+  // Stalled nodes last: once the others have reported, they are killed.
+  std::vector<size_t> order;
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (runs[i].stop_self_at_step < 0) order.push_back(i);
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (runs[i].stop_self_at_step >= 0) order.push_back(i);
+  for (size_t i : order) {
+    if (runs[i].stop_self_at_step >= 0) ::kill(children[i].first, SIGKILL);
     const int fd = children[i].second;
     auto readAll = [fd](void* p, size_t n) {
       size_t got = 0;
@@ -233,6 +242,21 @@ TEST_F(MultiNode, AKilledNodeEndsTheOtherWithNodeFailedWithinTheTimeout) {
   EXPECT_EQ(results[0].outcome, kNodeFailed) << results[0].what;
   EXPECT_NE(results[0].what.find("node 0 of 2"), std::string::npos) << results[0].what;
   EXPECT_LT(results[0].seconds, 5.0 + 10.0);  // the timeout, plus start-up
+}
+
+TEST_F(MultiNode, AStalledNodeEndsTheOtherWithNodeFailedAfterTheTimeout) {
+  NodeRun run;
+  run.nodes = 2;
+  run.store = store("f");
+  run.timeout = 2000ms;
+  run.steps = 6;
+  NodeRun other = run;
+  other.node = 1;
+  other.stop_self_at_step = 2;
+  const auto results = runNodes({run, other});
+  EXPECT_EQ(results[0].outcome, kNodeFailed) << results[0].what;
+  EXPECT_GE(results[0].seconds, 2.0);        // it waited for the deadline...
+  EXPECT_LT(results[0].seconds, 2.0 + 15.0);  // ...and not much longer
 }
 
 TEST_F(MultiNode, DivergedParametersAreCaughtByTheChecksumOnEveryNode) {
