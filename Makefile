@@ -38,7 +38,8 @@ configure: deps $(BUILD)/CMakeCache.txt
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-demo: build
+demo: configure
+	cmake --build $(BUILD) -j $(JOBS) --target linear_regression_parity
 	$(BUILD)/examples/linear_regression_parity
 
 test: build
