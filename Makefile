@@ -56,10 +56,11 @@ test-asan: deps
 	  CMAKE_FLAGS="-DGRADAGG_SANITIZE=address -DGRADAGG_BUILD_BENCH=OFF" test
 
 # Fashion-MNIST (examples/fashion_mnist.cpp): 5 epochs with 2 workers and the same
-# model in one process (about 5 minutes on 2 cores), then examples/fashion_mnist.png.
+# model in one process (about a minute on 2 cores), then examples/fashion_mnist.png.
 FASHION_FLAGS ?= --workers 2 --epochs 5
 .PHONY: plot
-plot: build
+plot: configure
+	cmake --build $(BUILD) -j $(JOBS) --target fashion_mnist
 	rm -f $(BUILD)/fashion_mnist.csv $(BUILD)/fashion_mnist_single.csv
 	$(BUILD)/examples/fashion_mnist $(FASHION_FLAGS) --metrics $(BUILD)/fashion_mnist.csv
 	$(BUILD)/examples/fashion_mnist $(FASHION_FLAGS) --single --metrics $(BUILD)/fashion_mnist_single.csv

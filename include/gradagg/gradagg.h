@@ -5,4 +5,5 @@
 #include <gradagg/aggregator.h>
 #include <gradagg/errors.h>
 #include <gradagg/options.h>
+#include <gradagg/population.h>
 #include <gradagg/step_report.h>

@@ -1,0 +1,413 @@
+// Fashion-MNIST with gradagg: the parent keeps the model and one Adam (or SGD);
+// every step each worker computes the loss of its block of the global batch on
+// its replica, gradagg averages the gradients into the parent's .grad, and the
+// parent steps its optimizer. The split is described in fashion_train.h.
+#include "fashion_train.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <gradagg/gradagg.h>
+
+#include "fashion_model.h"
+#include "idx.h"
+#include "idx_tensor.h"
+
+namespace fashion {
+
+// ---- model and data order -------------------------------------------------
+
+NetImpl::NetImpl(std::int64_t inputs, std::int64_t hidden, std::int64_t classes)
+    : fc1(register_module("fc1", torch::nn::Linear(inputs, hidden))),
+      fc2(register_module("fc2", torch::nn::Linear(hidden, classes))) {}
+
+torch::Tensor NetImpl::forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
+
+Net makeNet(std::int64_t inputs, std::int64_t hidden, std::uint64_t seed) {
+  torch::manual_seed(seed);
+  return Net(inputs, hidden);
+}
+
+torch::Tensor epochOrder(std::int64_t n, std::uint64_t seed, std::int64_t epoch) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(
+      seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(epoch) + 1);
+  return torch::randperm(n, generator, torch::kLong);
+}
+
+torch::Tensor toInputs(const torch::Tensor& image_bytes) {
+  return image_bytes.to(torch::kFloat).div_(255.0);
+}
+
+EpochPlan planEpoch(std::int64_t n, int workers, int batch) {
+  EpochPlan plan;
+  const std::int64_t global = std::int64_t{workers} * batch;
+  plan.full_steps = n / global;
+  const std::int64_t rest = n % global;
+  plan.tail = rest >= workers ? rest : 0;
+  plan.steps = plan.full_steps + (plan.tail > 0 ? 1 : 0);
+  return plan;
+}
+
+std::pair<std::int64_t, std::int64_t> rowsOf(const EpochPlan& plan, int workers, int batch,
+                                             std::int64_t s, int rank) {
+  const std::int64_t global = std::int64_t{workers} * batch;
+  const std::int64_t start = s * global;
+  if (s < plan.full_steps) {
+    if (rank < 0) return {start, start + global};
+    return {start + std::int64_t{rank} * batch, start + std::int64_t{rank + 1} * batch};
+  }
+  if (rank < 0) return {start, start + plan.tail};
+  return {start + plan.tail * rank / workers, start + plan.tail * (rank + 1) / workers};
+}
+
+const char* optimizerName(OptimizerKind kind) { return kind == OptimizerKind::kAdam ? "adam" : "sgd"; }
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string shortNumber(double x) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", x);
+  return text;
+}
+
+double secondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+torch::Tensor crossEntropy(const torch::Tensor& logits, const torch::Tensor& labels,
+                           torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction =
+                               torch::kMean) {
+  namespace F = torch::nn::functional;
+  return F::cross_entropy(logits, labels, F::CrossEntropyFuncOptions().reduction(reduction));
+}
+
+// Where the run is: what a checkpoint holds besides the model and optimizer.
+struct Progress {
+  std::int64_t step = 0;           // steps done in all
+  double epoch_loss_sum = 0;       // sum of loss * samples over the current epoch's steps
+  std::int64_t epoch_samples = 0;
+  double epoch_train_seconds = 0;
+};
+
+// The settings a checkpoint must be resumed with: anything that changes the steps.
+std::vector<std::pair<std::string, double>> trajectorySettings(const TrainConfig& c) {
+  return {{"workers", c.workers},
+          {"batch", c.batch},
+          {"lr", c.lr},
+          {"optimizer", c.optimizer == OptimizerKind::kAdam ? 0 : 1},
+          {"seed", static_cast<double>(c.seed)},
+          {"hidden", c.hidden},
+          {"limit", static_cast<double>(c.limit)},
+          {"single", c.single ? 1 : 0}};
+}
+
+constexpr const char* kFormat = "gradagg-fashion-mnist-checkpoint/1";
+
+// Model, optimizer, progress and the default generator, written to a temporary
+// file and renamed, so an interrupted save leaves the previous checkpoint.
+void saveCheckpoint(const std::string& path, const TrainConfig& config, Net& model,
+                    torch::optim::Optimizer& optimizer, const Progress& progress) {
+  torch::serialize::OutputArchive archive;
+  archive.write("format", c10::IValue(std::string(kFormat)));
+  torch::serialize::OutputArchive model_archive;
+  model->save(model_archive);
+  archive.write("model", model_archive);
+  torch::serialize::OutputArchive optimizer_archive;
+  optimizer.save(optimizer_archive);
+  archive.write("optimizer", optimizer_archive);
+  archive.write("step", torch::tensor(progress.step, torch::kLong));
+  archive.write("epoch_loss_sum", torch::tensor(progress.epoch_loss_sum, torch::kDouble));
+  archive.write("epoch_samples", torch::tensor(progress.epoch_samples, torch::kLong));
+  archive.write("epoch_train_seconds", torch::tensor(progress.epoch_train_seconds, torch::kDouble));
+  for (const auto& [name, value] : trajectorySettings(config)) {
+    archive.write("settings/" + name, torch::tensor(value, torch::kDouble));
+  }
+  {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    archive.write("rng", generator.get_state());
+  }
+  const std::string tmp = path + ".tmp";
+  archive.save_to(tmp);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    throw std::runtime_error("checkpoint: cannot rename " + tmp + " to " + path);
+  }
+}
+
+template <typename T>
+T scalar(torch::serialize::InputArchive& archive, const std::string& key) {
+  torch::Tensor t;
+  archive.read(key, t);
+  return t.item<T>();
+}
+
+Progress loadCheckpoint(const std::string& path, const TrainConfig& config, Net& model,
+                        torch::optim::Optimizer& optimizer) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw std::runtime_error("--resume: no such file: " + path);
+  torch::serialize::InputArchive archive;
+  c10::IValue format;
+  try {
+    archive.load_from(path);
+    archive.read("format", format);
+  } catch (const c10::Error&) {
+    throw std::runtime_error("--resume: " + path + " is not a fashion_mnist checkpoint");
+  }
+  if (!format.isString() || format.toStringRef() != kFormat) {
+    throw std::runtime_error("--resume: " + path + " is not a " + kFormat + " file");
+  }
+  for (const auto& [name, value] : trajectorySettings(config)) {
+    const double saved = scalar<double>(archive, "settings/" + name);
+    if (saved != value) {
+      throw std::runtime_error("--resume: " + path + " was written with " + name + " = " +
+                               std::to_string(saved) + ", this run has " + std::to_string(value) +
+                               "; resume with the settings of the interrupted run");
+    }
+  }
+  torch::serialize::InputArchive model_archive, optimizer_archive;
+  archive.read("model", model_archive);
+  model->load(model_archive);
+  archive.read("optimizer", optimizer_archive);
+  optimizer.load(optimizer_archive);
+  Progress progress;
+  progress.step = scalar<std::int64_t>(archive, "step");
+  progress.epoch_loss_sum = scalar<double>(archive, "epoch_loss_sum");
+  progress.epoch_samples = scalar<std::int64_t>(archive, "epoch_samples");
+  progress.epoch_train_seconds = scalar<double>(archive, "epoch_train_seconds");
+  torch::Tensor rng;
+  archive.read("rng", rng);
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(rng);
+  return progress;
+}
+
+struct Evaluation {
+  double loss = 0, accuracy = 0;
+};
+
+Evaluation evaluate(Net& model, const torch::Tensor& inputs, const torch::Tensor& labels) {
+  torch::NoGradGuard no_grad;
+  model->eval();
+  double loss_sum = 0;
+  std::int64_t correct = 0;
+  const std::int64_t n = inputs.size(0);
+  for (std::int64_t i = 0; i < n; i += 2000) {
+    const auto x = inputs.slice(0, i, std::min(n, i + 2000));
+    const auto y = labels.slice(0, i, std::min(n, i + 2000));
+    const auto logits = model->forward(x);
+    loss_sum += crossEntropy(logits, y, torch::kSum).item<double>();
+    correct += logits.argmax(1).eq(y).sum().item<std::int64_t>();
+  }
+  model->train();
+  return {loss_sum / std::max<std::int64_t>(n, 1),
+          static_cast<double>(correct) / std::max<std::int64_t>(n, 1)};
+}
+
+void validate(const TrainConfig& c) {
+  auto require = [](bool ok, const std::string& what) {
+    if (!ok) throw std::runtime_error("bad setting: " + what);
+  };
+  require(c.workers >= 1 && c.workers <= gradagg::Options::kMaxWorkers,
+          "--workers must be 1.." + std::to_string(gradagg::Options::kMaxWorkers));
+  require(c.batch >= 1, "--batch must be at least 1");
+  require(c.epochs >= 0, "--epochs must not be negative");
+  require(c.hidden >= 1, "--hidden must be at least 1");
+  require(c.lr > 0, "--lr must be positive");
+  require(c.limit >= 0, "--limit must not be negative");
+  require(c.step_timeout_s >= 1, "the step timeout must be at least 1 s");
+  require(c.threads >= 0, "--threads must not be negative");
+  require(c.checkpoint_every >= 0 && c.stop_after >= 0, "step counts must not be negative");
+}
+
+}  // namespace
+
+TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
+  validate(config);
+  const int workers = config.workers, batch = config.batch;
+  auto info = [&](const std::string& line) {
+    if (callbacks.on_info) callbacks.on_info(line);
+  };
+
+  // The data, read once before the workers are forked: they share these pages.
+  // Training images stay uint8 {n, rows * cols}; each batch is converted when used.
+  torch::Tensor train_images, train_labels, test_inputs, test_labels;
+  std::int64_t available = 0;
+  {
+    const idx::MnistDir data = idx::readMnistDir(config.data_dir, kClasses);
+    available = static_cast<std::int64_t>(data.train.images.items());
+    const std::int64_t keep = config.limit > 0 ? std::min(config.limit, available) : available;
+    train_images = idx::toTensor(data.train.images).reshape({available, -1}).slice(0, 0, keep).clone();
+    train_labels = idx::labelsAsLong(data.train.labels).slice(0, 0, keep).clone();
+    test_inputs = idx::imagesAsFloatRows(data.test.images);
+    test_labels = idx::labelsAsLong(data.test.labels);
+  }
+  const std::int64_t n = train_images.size(0);
+  if (n < workers) {
+    throw std::runtime_error("bad setting: " + std::to_string(n) + " training samples for " +
+                             std::to_string(workers) + " workers");
+  }
+  const EpochPlan plan = planEpoch(n, workers, batch);
+  const std::int64_t total_steps = plan.steps * config.epochs;
+
+  Net model = makeNet(train_images.size(1), config.hidden, config.seed);
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (config.optimizer == OptimizerKind::kAdam) {
+    optimizer = std::make_unique<torch::optim::Adam>(model->parameters(),
+                                                     torch::optim::AdamOptions(config.lr));
+  } else {
+    optimizer = std::make_unique<torch::optim::SGD>(model->parameters(),
+                                                    torch::optim::SGDOptions(config.lr));
+  }
+  Progress progress;
+  if (!config.resume.empty()) {
+    progress = loadCheckpoint(config.resume, config, model, *optimizer);
+  }
+  const std::int64_t first_step = progress.step;
+  const std::int64_t first_epoch = first_step / plan.steps;
+
+  info("Fashion-MNIST from " + config.data_dir + ": " + std::to_string(n) + " training images" +
+       (n < available ? " (the first of " + std::to_string(available) + ")" : "") +
+       ", " + std::to_string(test_inputs.size(0)) + " test images");
+  info(std::string(config.single ? "one process, batch " : "gradagg, ") +
+       (config.single ? std::to_string(workers * batch)
+                      : std::to_string(workers) + " workers x batch " + std::to_string(batch)) +
+       "; " + std::to_string(plan.steps) + " steps per epoch; " + optimizerName(config.optimizer) +
+       " lr " + shortNumber(config.lr));
+  if (!config.resume.empty() && first_step >= total_steps) {
+    info(config.resume + " has done " + std::to_string(first_step / plan.steps) +
+         " epochs: nothing left to do (raise --epochs to go on)");
+  } else if (!config.resume.empty()) {
+    info("resumed from " + config.resume + " at epoch " + std::to_string(first_epoch + 1) +
+         ", step " + std::to_string(first_step - first_epoch * plan.steps) + " of the epoch");
+  }
+
+  // Every epoch's order is drawn here, before the fork: read-only in the workers.
+  std::vector<torch::Tensor> orders;
+  for (std::int64_t e = first_epoch; e < config.epochs; ++e) orders.push_back(epochOrder(n, config.seed, e));
+
+  // The rows that `rank` (-1: all) takes at global step `step`.
+  auto batchOf = [&](std::int64_t step, int rank) {
+    const auto& order = orders.at(static_cast<std::size_t>(step / plan.steps - first_epoch));
+    const auto [begin, end] = rowsOf(plan, workers, batch, step % plan.steps, rank);
+    const auto rows = order.slice(0, begin, end);
+    return std::make_pair(toInputs(train_images.index_select(0, rows)),
+                          train_labels.index_select(0, rows));
+  };
+
+  // Runs in worker ctx.rank on its replica: `model` and the data are its own copies.
+  // gradagg counts its steps from 0, so a resumed run adds first_step.
+  auto shard = [&](const gradagg::ShardContext& ctx) {
+    const auto [x, y] = batchOf(first_step + ctx.step, ctx.rank);
+    return gradagg::ShardResult{crossEntropy(model->forward(x), y), x.size(0)};
+  };
+
+  if (config.single && config.threads > 0) torch::set_num_threads(config.threads);
+  std::optional<gradagg::Aggregator> aggregator;
+  if (!config.single && progress.step < total_steps) {
+    gradagg::Options options;
+    options.workers = workers;
+    options.step_timeout = std::chrono::seconds(config.step_timeout_s);
+    options.threads_per_worker = config.threads;  // 0: cores / workers
+    aggregator.emplace(*model, shard, options);
+  }
+
+  TrainResult result;
+  result.train_samples = n;
+  result.test_samples = test_inputs.size(0);
+  const auto session_start = Clock::now();
+  while (progress.step < total_steps) {
+    const std::int64_t epoch = progress.step / plan.steps;
+    const auto step_start = Clock::now();
+    double loss = 0;
+    std::int64_t samples = 0;
+    if (aggregator) {
+      const gradagg::StepReport& report = aggregator->step();  // .grad = mean over all workers' samples
+      optimizer->step();
+      loss = report.loss;
+      samples = report.samples;
+    } else {
+      const auto [x, y] = batchOf(progress.step, -1);
+      optimizer->zero_grad();
+      auto batch_loss = crossEntropy(model->forward(x), y);
+      batch_loss.backward();
+      optimizer->step();
+      loss = batch_loss.item<double>();
+      samples = x.size(0);
+    }
+    progress.epoch_train_seconds += secondsSince(step_start);
+    progress.epoch_loss_sum += loss * static_cast<double>(samples);
+    progress.epoch_samples += samples;
+    ++progress.step;
+
+    if (callbacks.on_step) {
+      StepProgress p;
+      p.epoch = static_cast<int>(epoch);
+      p.epochs = config.epochs;
+      p.step_in_epoch = progress.step - epoch * plan.steps;
+      p.steps_per_epoch = plan.steps;
+      p.step = progress.step;
+      p.total_steps = total_steps;
+      p.loss = loss;
+      p.epoch_loss = progress.epoch_loss_sum / static_cast<double>(progress.epoch_samples);
+      p.samples_per_s = static_cast<double>(progress.epoch_samples) / progress.epoch_train_seconds;
+      p.eta_s = secondsSince(session_start) / static_cast<double>(progress.step - first_step) *
+                static_cast<double>(total_steps - progress.step);
+      callbacks.on_step(p);
+    }
+
+    const bool epoch_done = progress.step % plan.steps == 0;
+    if (epoch_done) {
+      const auto eval_start = Clock::now();
+      const Evaluation eval = evaluate(model, test_inputs, test_labels);
+      EpochResult r;
+      r.epoch = static_cast<int>(epoch);
+      r.train_loss = progress.epoch_loss_sum / static_cast<double>(progress.epoch_samples);
+      r.test_loss = eval.loss;
+      r.test_accuracy = eval.accuracy;
+      r.train_seconds = progress.epoch_train_seconds;
+      r.epoch_seconds = progress.epoch_train_seconds + secondsSince(eval_start);
+      r.samples = progress.epoch_samples;
+      r.samples_per_s = static_cast<double>(r.samples) / r.train_seconds;
+      result.epochs.push_back(r);
+      if (callbacks.on_epoch) callbacks.on_epoch(r);
+      progress = Progress{progress.step, 0, 0, 0};
+    }
+    const bool stop = (config.stop_after > 0 && progress.step >= config.stop_after) ||
+                      (callbacks.should_stop && callbacks.should_stop());
+    const bool finished = progress.step == total_steps;
+    if (!config.checkpoint.empty() &&
+        (epoch_done || stop || finished ||
+         (config.checkpoint_every > 0 && progress.step % config.checkpoint_every == 0))) {
+      saveCheckpoint(config.checkpoint, config, model, *optimizer, progress);
+    }
+    if (stop && !finished) {
+      result.stopped = true;
+      break;
+    }
+  }
+  aggregator.reset();  // stops and reaps the workers; the model gets its own memory back
+
+  result.steps = progress.step;
+  for (const auto& item : model->named_parameters()) {
+    const auto values = item.value().detach().to(torch::kFloat).contiguous();
+    const float* first = values.data_ptr<float>();
+    result.parameters.push_back(
+        {item.key(), values.sizes().vec(), std::vector<float>(first, first + values.numel())});
+  }
+  return result;
+}
+
+}  // namespace fashion

@@ -1,0 +1,120 @@
+// Training the Fashion-MNIST classifier (Dense(hidden, relu) -> Dense(10),
+// softmax cross-entropy) with gradagg workers, or in this one process for
+// comparison. Torch-free interface: fashion_mnist.cpp (the command line) and the
+// tests call train(); fashion_train.cpp is the code to read and copy.
+//
+// The data split. Let n be the training samples (after `limit`), W the workers,
+// B the batch per worker and G = W * B the global batch.
+//  - Epoch e visits the samples in the order of a permutation drawn from a
+//    generator seeded with (seed, e): a function of the seed and the epoch only.
+//  - The permutation is dealt out in blocks of B samples: at step s of the epoch
+//    worker r takes block s * W + r, i.e. positions [s*G + r*B, s*G + (r+1)*B).
+//    Over an epoch worker r's shard is every W-th block.
+//  - An epoch has n / G full steps. The remaining n % G samples, if at least W,
+//    make one last step, split as evenly as possible in rank order; fewer than W
+//    are left out of that epoch (the next permutation reaches them).
+//  - Single-process mode (`single`) takes the same G samples per step in one
+//    batch, so both compute the same mean gradient of the same samples.
+// The shard function therefore depends only on (rank, step) and read-only data:
+// steps are deterministic and a resumed run repeats an uninterrupted one.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "idx.h"
+
+namespace fashion {
+
+enum class OptimizerKind { kAdam, kSgd };
+
+struct TrainConfig {
+  std::string data_dir = idx::kDebianFashionMnistDir;
+  int workers = 2;           // gradagg workers; with `single`, only sizes the global batch
+  int epochs = 5;            // train until this many epochs are done (counting resumed ones)
+  int batch = 32;            // samples per worker per step
+  double lr = 1e-3;
+  OptimizerKind optimizer = OptimizerKind::kAdam;
+  std::uint64_t seed = 1;    // initial weights and the data order
+  int hidden = 64;
+  std::int64_t limit = 0;    // use the first `limit` training samples; 0: all
+  bool single = false;       // train in this process (batch workers * batch), no gradagg
+  int step_timeout_s = 60;   // gradagg's deadline for a step (Options::step_timeout)
+  int threads = 0;           // intra-op threads per worker (or of the one process); 0: default
+
+  std::string checkpoint;             // written at each epoch end, every `checkpoint_every` steps and when stopping
+  std::int64_t checkpoint_every = 0;  // steps; 0: only at epoch ends and when stopping
+  std::string resume;                 // checkpoint to continue from
+  std::int64_t stop_after = 0;        // stop once this many steps (in all) are done; 0: never
+};
+
+// A snapshot after each step, for a progress display.
+struct StepProgress {
+  int epoch = 0;                   // 0-based
+  int epochs = 0;
+  std::int64_t step_in_epoch = 0;  // steps done in this epoch (1 after its first)
+  std::int64_t steps_per_epoch = 0;
+  std::int64_t step = 0;           // steps done in all
+  std::int64_t total_steps = 0;
+  double loss = 0;                 // this step's mean training loss
+  double epoch_loss = 0;           // mean training loss of the epoch so far
+  double samples_per_s = 0;        // training throughput of the epoch so far
+  double eta_s = 0;                // estimated time to the end of the run
+};
+
+struct EpochResult {
+  int epoch = 0;  // 0-based
+  double train_loss = 0;       // mean over the epoch's training samples
+  double test_loss = 0;        // mean over the test set, after the epoch
+  double test_accuracy = 0;
+  double train_seconds = 0;    // the steps only (no evaluation)
+  double epoch_seconds = 0;    // steps and evaluation
+  double samples_per_s = 0;    // training samples / train_seconds
+  std::int64_t samples = 0;    // training samples seen in the epoch
+};
+
+struct Parameter {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::vector<float> values;
+};
+
+struct TrainResult {
+  std::vector<EpochResult> epochs;   // the epochs finished in this call
+  std::int64_t steps = 0;            // steps done in all, resumed ones included
+  bool stopped = false;              // stopped early (stop_after or should_stop)
+  std::vector<Parameter> parameters; // the final model
+  std::int64_t train_samples = 0, test_samples = 0;
+};
+
+struct TrainCallbacks {
+  std::function<void(const StepProgress&)> on_step;
+  std::function<void(const EpochResult&)> on_epoch;
+  // Polled after each step (e.g. a SIGINT flag): true stops, after a checkpoint.
+  std::function<bool()> should_stop;
+  // Said once, before the first step (data sizes, resume point).
+  std::function<void(const std::string&)> on_info;
+};
+
+// Steps in one epoch and the samples of its last step, per the split above.
+struct EpochPlan {
+  std::int64_t steps = 0;
+  std::int64_t full_steps = 0;
+  std::int64_t tail = 0;  // samples in the last, partial step (0 when none)
+};
+EpochPlan planEpoch(std::int64_t n, int workers, int batch);
+// Positions [begin, end) in the epoch's permutation that `rank` takes at step `s`.
+// rank = -1: the whole global batch (single-process mode).
+std::pair<std::int64_t, std::int64_t> rowsOf(const EpochPlan& plan, int workers, int batch,
+                                             std::int64_t s, int rank);
+
+// Loads the data, trains, evaluates after every epoch. Throws idx::Error for
+// missing or bad data, std::runtime_error for a bad configuration or checkpoint,
+// gradagg errors from the workers.
+TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks = {});
+
+const char* optimizerName(OptimizerKind kind);
+
+}  // namespace fashion

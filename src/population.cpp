@@ -1,0 +1,413 @@
+// The parent's side of population mode: map the segment, fork the members,
+// drive generations (kTrain, kExploit, kPublish; each wait is a barrier with the step
+// deadline and a liveness check every 50 ms), append lineage lines, read any
+// member's snapshot, checkpoint and resume. The protocol is in population_layout.h.
+//
+// Lineage: members record each copy in their control block; the parent, after
+// the kExploit barrier, appends one JSON line per copy (in rank order, one
+// write() per line on an O_APPEND descriptor), so the file's order is the same
+// in every run.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/os.h>
+#include <nlohmann/json.hpp>
+#include <torch/nn/module.h>
+#include <torch/serialize/archive.h>
+
+#include "check.h"
+#include "population_impl.h"
+#include "process.h"
+#include "segment.h"
+#include "sync.h"
+
+namespace gradagg {
+namespace detail::pop {
+
+void hpToArray(const Hyperparams& hp, const std::vector<std::string>& names, double* out) {
+  for (std::size_t k = 0; k < names.size(); ++k) out[k] = hp.at(names[k]);
+}
+
+Hyperparams hpFromArray(const double* values, const std::vector<std::string>& names) {
+  Hyperparams hp;
+  for (std::size_t k = 0; k < names.size(); ++k) hp[names[k]] = values[k];
+  return hp;
+}
+
+void writeTensors(const ModelBinding& b, const PopLayout& l, std::byte* payload) {
+  at::NoGradGuard no_grad;
+  for (const auto& e : b.params()) viewAt(e, payload).copy_(e.tensor);
+  for (const auto& e : b.buffers()) viewAt(e, payload + l.sizes.param_bytes).copy_(e.tensor);
+}
+
+void loadTensors(const ModelBinding& b, const PopLayout& l, std::byte* payload) {
+  at::NoGradGuard no_grad;
+  for (const auto& e : b.params()) e.tensor.copy_(viewAt(e, payload));
+  for (const auto& e : b.buffers()) e.tensor.copy_(viewAt(e, payload + l.sizes.param_bytes));
+}
+
+Phase publicPhase(MemberPhase p) {
+  switch (p) {
+    case MemberPhase::kStarting: return Phase::kStarting;
+    case MemberPhase::kWaiting: return Phase::kWaiting;
+    case MemberPhase::kTraining:
+    case MemberPhase::kScoring: return Phase::kShard;
+    case MemberPhase::kPublishing: return Phase::kWritingSlot;
+    case MemberPhase::kExploiting: return Phase::kLoadingSnapshot;
+    case MemberPhase::kStopping: return Phase::kStopping;
+  }
+  return Phase::kWaiting;
+}
+
+}  // namespace detail::pop
+
+using namespace detail;
+using namespace detail::pop;
+
+struct Population::Impl {
+  torch::nn::Module* model;
+  PopulationFns fns;
+  PopulationOptions options;
+  std::unique_ptr<ModelBinding> binding;
+  std::vector<std::string> hp_names;
+  std::vector<Hyperparams> initial_hp;
+  PopLayout layout;
+  Segment segment;
+  std::vector<std::unique_ptr<ProcessSet>> processes;  // one set of one child per member
+  int restarts = 0;
+  std::vector<MemberSetup> setups;
+  int lineage_fd = -1;
+  bool usable = false;
+  std::int64_t generation = 0;
+
+  PopHeader& header() const { return *reinterpret_cast<PopHeader*>(segment.base()); }
+  MemberArea area(int r) const { return memberArea(segment.base(), layout, r); }
+  MemberPhase phaseOf(int r) const {
+    return static_cast<MemberPhase>(area(r).control->phase.load(std::memory_order_relaxed));
+  }
+
+  Impl(torch::nn::Module& m, PopulationFns f, PopulationOptions o)
+      : model(&m), fns(std::move(f)), options(std::move(o)) {
+    options.validate();
+    if (!fns.make_optimizer || !fns.hyperparams || !fns.train_step || !fns.score)
+      throw InvalidArgument("PopulationFns: make_optimizer, hyperparams, train_step and score "
+                            "are required");
+    binding = std::make_unique<ModelBinding>(m);  // lists tensors; never adopt(): weights stay private
+    const int n = options.workers;
+    for (int r = 0; r < n; ++r) {
+      DecisionRng rng = DecisionRng::derive(options.seed, r, -1, kStreamHyperparams);
+      initial_hp.push_back(fns.hyperparams(r, rng));
+      std::vector<std::string> names;
+      for (const auto& [name, v] : initial_hp.back()) names.push_back(name);
+      if (r == 0) hp_names = names;
+      if (names != hp_names)
+        throw InvalidArgument(fmt::format(
+            "PopulationFns::hyperparams: rank {} has other names than rank 0", r));
+    }
+    if (hp_names.size() > static_cast<std::size_t>(PopulationOptions::kMaxHyperparams))
+      throw InvalidArgument(fmt::format("PopulationFns::hyperparams: {} names, at most {}",
+                                        hp_names.size(), PopulationOptions::kMaxHyperparams));
+    PopSizes sizes;
+    sizes.workers = static_cast<std::uint32_t>(n);
+    sizes.hp_count = static_cast<std::uint32_t>(hp_names.size());
+    for (const auto& e : binding->params()) sizes.param_bytes = std::max(sizes.param_bytes, e.offset + alignUp(e.bytes, kAlign));
+    for (const auto& e : binding->buffers()) sizes.buffer_bytes = std::max(sizes.buffer_bytes, e.offset + alignUp(e.bytes, kAlign));
+    sizes.optimizer_bytes = options.optimizer_state_bytes;
+    layout = PopLayout::plan(sizes, pageBytes());
+    segment = Segment::createAnonymous(layout.segment_bytes);
+    PopHeader& h = header();
+    h.magic = kPopMagic;
+    h.layout_version = kPopLayoutVersion;
+    h.layout = layout;
+    if (!options.resume_from.empty()) {
+      loadCheckpoint(options.resume_from);
+      h.resumed = 1;
+    }
+    if (!options.lineage_path.empty()) {
+      lineage_fd = ::open(options.lineage_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (lineage_fd < 0) throw fmt::system_error(errno, "gradagg: cannot open lineage file {}", options.lineage_path);
+    }
+    const int threads = options.threads_per_worker > 0
+                            ? options.threads_per_worker
+                            : std::max(1, static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)) / n);
+    setups.resize(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      MemberSetup& s = setups[static_cast<std::size_t>(r)];
+      s = MemberSetup{r, segment.base(), layout, binding.get(), model, &fns, &options, &hp_names,
+                      initial_hp[static_cast<std::size_t>(r)], 0, ::getpid(), threads};
+    }
+    h.remaining.store(static_cast<std::uint32_t>(n), std::memory_order_relaxed);
+    usable = true;
+    for (int r = 0; r < n; ++r) spawn(r);
+    await("start-up", /*may_restart=*/false);
+  }
+
+  void spawn(int r) {
+    const MemberSetup& s = setups[static_cast<std::size_t>(r)];
+    if (processes.size() <= static_cast<std::size_t>(r)) processes.resize(static_cast<std::size_t>(r) + 1);
+    processes[static_cast<std::size_t>(r)] = std::make_unique<ProcessSet>();
+    area(r).control->pid = processes[static_cast<std::size_t>(r)]->spawn([&s] { return runMember(s); });
+  }
+  ProcessSet& proc(int r) const { return *processes[static_cast<std::size_t>(r)]; }
+  void killAll() noexcept {
+    for (auto& p : processes) p->killAll();
+    processes.clear();
+  }
+
+  // Member r died during the current command: fork a replacement that starts
+  // from r's latest complete snapshot (it loses the steps since), and that
+  // arrives for this command unless r already had.
+  void restart(int r) {
+    ++restarts;
+    proc(r).killAll();
+    MemberControl& c = *area(r).control;
+    const std::uint32_t seq = header().command_seq.load(std::memory_order_relaxed);
+    c.restart = c.done_seq.load(std::memory_order_acquire) == seq ? 2 : 1;
+    c.status = static_cast<std::uint32_t>(Status::kOk);
+    c.copied = 0;
+    setups[static_cast<std::size_t>(r)].start_seq = seq;
+    spawn(r);
+  }
+
+  ~Impl() {
+    shutdown();
+    if (lineage_fd >= 0) ::close(lineage_fd);
+  }
+
+  void shutdown() noexcept {
+    if (processes.empty()) return;
+    if (usable) {
+      try {
+        command(pop::Command::kStop);
+        const auto deadline = Clock::now() + options.shutdown_timeout;
+        for (auto& p : processes)
+          p->waitAll(std::chrono::duration_cast<std::chrono::milliseconds>(
+              std::max<Clock::duration>(deadline - Clock::now(), Clock::duration::zero())));
+      } catch (...) {
+      }
+    }
+    killAll();
+    usable = false;
+  }
+
+  void command(pop::Command c) {
+    PopHeader& h = header();
+    h.command = static_cast<std::uint32_t>(c);
+    h.generation = generation;
+    h.remaining.store(static_cast<std::uint32_t>(options.workers), std::memory_order_relaxed);
+    h.command_seq.fetch_add(1, std::memory_order_release);
+    futexWakeAll(h.command_seq);
+  }
+
+  [[noreturn]] void stopAndThrow(std::exception_ptr e) {
+    killAll();
+    usable = false;
+    std::rethrow_exception(e);
+  }
+
+  // The barrier: waits until every member arrived, with the deadline and a
+  // liveness check each slice; then raises the first member's failure.
+  void await(const std::string& what, bool may_restart = true) {
+    auto& remaining = header().remaining;
+    const auto deadline = Clock::now() + options.step_timeout;
+    spinUntilEqual(remaining, 0, std::chrono::microseconds(200));
+    for (;;) {
+      const std::uint32_t left = remaining.load(std::memory_order_acquire);
+      if (left == 0) break;
+      for (int r = 0; r < options.workers; ++r) {
+        if (auto exit = proc(r).poll(0)) {
+          const MemberPhase p = phaseOf(r);
+          if (may_restart && restarts < options.max_restarts) {
+            restart(r);
+            continue;
+          }
+          const std::string msg = fmt::format(
+              "gradagg: population member {} (pid {}) {} in phase '{}' during {}; the other "
+              "members were stopped", r, proc(r).pid(0),
+              exit->describe(), memberPhaseName(p), what);
+          stopAndThrow(std::make_exception_ptr(
+              WorkerDied(msg, r, publicPhase(p), exit->exit_status, exit->signal)));
+        }
+      }
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        int late = 0;
+        for (int r = 0; r < options.workers; ++r)
+          if (phaseOf(r) != MemberPhase::kWaiting) { late = r; break; }
+        const std::string msg = fmt::format(
+            "gradagg: population member {} did not finish {} within {} ms (phase '{}'); the "
+            "members were stopped", late, what, options.step_timeout.count(),
+            memberPhaseName(phaseOf(late)));
+        stopAndThrow(std::make_exception_ptr(StepTimeout(msg, late, publicPhase(phaseOf(late)))));
+      }
+      futexWait(remaining, left, std::min<Clock::duration>(std::chrono::milliseconds(50), deadline - now));
+    }
+    for (int r = 0; r < options.workers; ++r) {
+      const MemberControl& c = *area(r).control;
+      if (c.status == static_cast<std::uint32_t>(Status::kOk)) continue;
+      const std::string message(c.message, ::strnlen(c.message, sizeof(c.message)));
+      const std::string msg = fmt::format("gradagg: population member {} failed during {}: {}", r, what, message);
+      stopAndThrow(std::make_exception_ptr(WorkerFailed(msg, r, publicPhase(phaseOf(r)), message)));
+    }
+  }
+
+  std::vector<CopyEvent> generation_() {
+    if (!usable) throw NotUsable("gradagg: the population is not usable (shut down or failed)");
+    const std::string what = fmt::format("generation {}", generation);
+    command(pop::Command::kTrain);
+    await(what + " (training, publishing)");
+    command(pop::Command::kExploit);
+    await(what + " (exploit, explore)");
+    command(pop::Command::kPublish);
+    await(what + " (publishing copies)");
+    ++generation;
+    std::vector<CopyEvent> events;
+    for (int r = 0; r < options.workers; ++r) {
+      const MemberControl& c = *area(r).control;
+      if (c.copied == 0) continue;
+      CopyEvent e;
+      e.step = c.copy_step;
+      e.worker = r;
+      e.donor = c.donor;
+      e.donor_version = c.donor_version;
+      e.score = c.own_score;
+      e.donor_score = c.donor_score;
+      e.before = hpFromArray(c.hp_before, hp_names);
+      e.after = hpFromArray(c.hp_after, hp_names);
+      if (lineage_fd >= 0) writeLineage(e);
+      events.push_back(std::move(e));
+    }
+    return events;
+  }
+
+  void writeLineage(const CopyEvent& e) {
+    nlohmann::json j = {{"step", e.step}, {"worker", e.worker}, {"donor", e.donor},
+                        {"donor_version", e.donor_version}, {"score", e.score},
+                        {"donor_score", e.donor_score}, {"hyperparams_before", e.before},
+                        {"hyperparams_after", e.after}};
+    const std::string line = j.dump() + "\n";
+    if (::write(lineage_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+      throw fmt::system_error(errno, "gradagg: writing the lineage file {}", options.lineage_path);
+  }
+
+  MemberSnapshot snapshot(int rank) const {
+    if (rank < 0 || rank >= options.workers)
+      throw InvalidArgument(fmt::format("snapshot: rank {} not in [0, {})", rank, options.workers));
+    std::vector<std::byte> raw(layout.payloadBytes() + kAlign);
+    auto* buf = reinterpret_cast<std::byte*>(alignUp(reinterpret_cast<std::uintptr_t>(raw.data()), kAlign));
+    MetaValues m;
+    const auto used = [&](const MetaValues& v) { return usedPayload(layout, v); };
+    if (!read(area(rank), &m, buf, used, options.max_read_retries))
+      throw InternalError(fmt::format("gradagg: no consistent snapshot of member {}", rank));
+    MemberSnapshot s;
+    s.rank = rank;
+    s.version = m.version;
+    s.step = m.step;
+    s.last_copy_step = m.last_copy_step;
+    s.score = m.score;
+    s.hyperparams = hpFromArray(m.hp, hp_names);
+    for (const auto& e : binding->params()) s.parameters.push_back(viewAt(e, buf).clone());
+    for (const auto& e : binding->buffers()) s.buffers.push_back(viewAt(e, buf + layout.sizes.param_bytes).clone());
+    const auto n = std::min<std::uint64_t>(m.optimizer_bytes, layout.sizes.optimizer_bytes);
+    s.optimizer_state.assign(reinterpret_cast<const char*>(buf + layout.sizes.param_bytes + layout.sizes.buffer_bytes), n);
+    return s;
+  }
+
+  // One sub-archive per member: p<k>, b<k>, meta [version, step, last_copy_step],
+  // score, hp (in name order), optimizer (bytes).
+  void checkpoint(const std::string& path) const {
+    torch::serialize::OutputArchive root;
+    root.write("workers", at::tensor(static_cast<std::int64_t>(options.workers)));
+    root.write("hp_names", c10::IValue(fmt::format("{}", fmt::join(hp_names, ","))));
+    for (int r = 0; r < options.workers; ++r) {
+      const MemberSnapshot s = snapshot(r);
+      torch::serialize::OutputArchive a;
+      for (std::size_t k = 0; k < s.parameters.size(); ++k) a.write(fmt::format("p{}", k), s.parameters[k]);
+      for (std::size_t k = 0; k < s.buffers.size(); ++k) a.write(fmt::format("b{}", k), s.buffers[k], true);
+      a.write("meta", at::tensor(std::vector<std::int64_t>{static_cast<std::int64_t>(s.version), s.step, s.last_copy_step}));
+      a.write("score", at::tensor(s.score, at::kDouble));
+      std::vector<double> hp;
+      for (const auto& name : hp_names) hp.push_back(s.hyperparams.at(name));
+      a.write("hp", at::tensor(hp, at::kDouble).reshape({static_cast<std::int64_t>(hp.size())}));
+      a.write("optimizer", at::from_blob(const_cast<char*>(s.optimizer_state.data()),
+                                         {static_cast<std::int64_t>(s.optimizer_state.size())}, at::kByte).clone(), true);
+      root.write(fmt::format("member{}", r), a);
+    }
+    root.save_to(path);
+  }
+
+  // Before fork: each member's checkpointed state becomes its latest snapshot.
+  void loadCheckpoint(const std::string& path) {
+    torch::serialize::InputArchive root;
+    root.load_from(path);
+    at::Tensor workers;
+    root.read("workers", workers);
+    if (workers.item<std::int64_t>() != options.workers)
+      throw InvalidArgument(fmt::format("resume_from {}: {} members, options say {}", path,
+                                        workers.item<std::int64_t>(), options.workers));
+    c10::IValue names;
+    root.read("hp_names", names);
+    if (names.toStringRef() != fmt::format("{}", fmt::join(hp_names, ",")))
+      throw InvalidArgument(fmt::format("resume_from {}: hyperparameters '{}', expected '{}'", path,
+                                        names.toStringRef(), fmt::join(hp_names, ",")));
+    for (int r = 0; r < options.workers; ++r) {
+      torch::serialize::InputArchive a;
+      root.read(fmt::format("member{}", r), a);
+      at::Tensor meta, score, hp, opt;
+      a.read("meta", meta);
+      a.read("score", score);
+      a.read("hp", hp);
+      a.read("optimizer", opt, true);
+      if (static_cast<std::uint64_t>(opt.numel()) > layout.sizes.optimizer_bytes)
+        throw InvalidArgument(fmt::format("resume_from {}: member {}'s optimizer state ({} bytes) "
+                                          "exceeds optimizer_state_bytes", path, r, opt.numel()));
+      MetaValues m;
+      m.version = static_cast<std::uint64_t>(meta[0].item<std::int64_t>());
+      m.step = meta[1].item<std::int64_t>();
+      m.last_copy_step = meta[2].item<std::int64_t>();
+      m.score = score.item<double>();
+      m.optimizer_bytes = static_cast<std::uint64_t>(opt.numel());
+      m.hp_count = static_cast<std::uint32_t>(hp_names.size());
+      for (std::size_t k = 0; k < hp_names.size(); ++k) m.hp[k] = hp[static_cast<std::int64_t>(k)].item<double>();
+      publish(area(r), m, [&](std::byte* p) {
+        at::NoGradGuard no_grad;
+        for (std::size_t k = 0; k < binding->params().size(); ++k) {
+          at::Tensor t;
+          a.read(fmt::format("p{}", k), t);
+          viewAt(binding->params()[k], p).copy_(t);
+        }
+        for (std::size_t k = 0; k < binding->buffers().size(); ++k) {
+          at::Tensor t;
+          a.read(fmt::format("b{}", k), t, true);
+          viewAt(binding->buffers()[k], p + layout.sizes.param_bytes).copy_(t);
+        }
+        if (opt.numel() > 0)
+          std::memcpy(p + layout.sizes.param_bytes + layout.sizes.buffer_bytes, opt.data_ptr(), opt.numel());
+      }, {});
+    }
+  }
+};
+
+Population::Population(torch::nn::Module& model, PopulationFns fns, PopulationOptions options)
+    : impl_(std::make_unique<Impl>(model, std::move(fns), std::move(options))) {}
+Population::~Population() = default;
+std::vector<CopyEvent> Population::generation() { return impl_->generation_(); }
+MemberSnapshot Population::snapshot(int rank) const { return impl_->snapshot(rank); }
+void Population::checkpoint(const std::string& path) const { impl_->checkpoint(path); }
+void Population::shutdown() { impl_->shutdown(); }
+bool Population::usable() const noexcept { return impl_->usable; }
+int Population::workers() const noexcept { return impl_->options.workers; }
+int Population::restarts() const noexcept { return impl_->restarts; }
+std::vector<std::string> Population::hyperparamNames() const { return impl_->hp_names; }
+std::vector<int> Population::workerPids() const {
+  std::vector<int> pids;
+  if (!impl_->usable) return pids;
+  for (const auto& p : impl_->processes) pids.push_back(p->pid(0));
+  return pids;
+}
+
+}  // namespace gradagg
