@@ -25,6 +25,7 @@
 #include <thread>
 
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
@@ -206,6 +207,7 @@ class Worker {
 
   void loadSnapshot() {
     enter(Phase::kLoadingSnapshot);
+    if (s_.options->seed_workers) at::manual_seed(stepSeed());
     const bool training = header_.training != 0;
     if (s_.model->is_training() != training) s_.model->train(training);
     at::NoGradGuard no_grad;
@@ -219,6 +221,17 @@ class Worker {
       if (p.requires_grad && !p.tensor.grad().is_same(grad_views_[k]))
         p.tensor.mutable_grad() = grad_views_[k];
     }
+  }
+
+  // splitmix64 of (seed, global rank, step): well spread, the same on a redo.
+  std::uint64_t stepSeed() const {
+    std::uint64_t z = s_.options->seed ^
+                      (static_cast<std::uint64_t>(s_.worker_offset + s_.rank) << 40) ^
+                      static_cast<std::uint64_t>(header_.step);
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
   }
 
   static void checkResult(const ShardResult& r) {

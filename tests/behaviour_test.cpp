@@ -210,6 +210,33 @@ TEST_F(Behaviour, ShardFunctionIsToldItsRankWorkerCountAndStep) {
   }
 }
 
+// Worker r's draw from LibTorch's default generator in step s, as a sample count.
+std::vector<int64_t> randomDraws(bool seed_workers, int steps) {
+  auto model = makeModel(ModelKind::kLinear, torch::kFloat);
+  const Data data = makeData(ModelKind::kLinear, 4, torch::kFloat);
+  auto o = opts(3);
+  o.seed_workers = seed_workers;
+  gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext&) {
+    const int64_t draw = 1 + static_cast<int64_t>(torch::rand({1}).item<double>() * 1e9);
+    return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), draw};
+  }, o);
+  std::vector<int64_t> out;
+  for (int s = 0; s < steps; ++s)
+    for (const auto& w : agg.step().workers) out.push_back(w.samples);
+  return out;
+}
+
+TEST_F(Behaviour, WorkersDrawDifferentRandomNumbersReproducibly) {
+  const auto first = randomDraws(true, 2), second = randomDraws(true, 2);
+  EXPECT_EQ(first, second) << "seeded from (seed, rank, step): the same in two runs";
+  EXPECT_NE(first[0], first[1]) << "workers 0 and 1 drew the same number";
+  EXPECT_NE(first[1], first[2]);
+  EXPECT_NE(first[0], first[3]) << "steps 0 and 1 drew the same number";
+  // Unseeded, every worker continues the stream it inherited: all draw alike.
+  const auto inherited = randomDraws(false, 1);
+  EXPECT_EQ(inherited[0], inherited[1]);
+}
+
 TEST_F(Behaviour, ReportGivesLossSamplesAndPhaseTimes) {
   auto model = makeModel(ModelKind::kMlp, torch::kFloat);
   const Data data = makeData(ModelKind::kMlp, 10, torch::kFloat);

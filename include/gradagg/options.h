@@ -91,6 +91,13 @@ struct Options {
   // the shard function derivable from (rank, step) if you use this.
   int max_restarts = 0;
   NodeOptions nodes;
+  // Each step, before the shard function, every worker seeds LibTorch's default
+  // generator from (seed, global rank, step): dropout and other random ops draw
+  // different numbers in different workers (not the copy every fork inherits),
+  // and a redone or restarted step draws the same ones. false: leave the
+  // generator alone (each worker continues the stream it forked with).
+  bool seed_workers = true;
+  std::uint64_t seed = 0;
   // Each step, compare model.parameters() with the list at construction, so a
   // replaced submodule or a new parameter is an InvalidArgument instead of a
   // silently untrained model. LibTorch builds that list anew (a few small
