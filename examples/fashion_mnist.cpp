@@ -109,6 +109,14 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--step-timeout", config.step_timeout_s, "seconds a gradagg step may take")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  config.nodes = gradagg::NodeOptions::fromEnvironment();
+  app.add_option("--nodes", config.nodes.nodes, "machines taking part (GRADAGG_NNODES)");
+  app.add_option("--node-rank", config.nodes.node_rank, "this machine's rank (GRADAGG_NODE_RANK)");
+  app.add_option("--master-addr", config.nodes.master_addr, "node 0's address (MASTER_ADDR)");
+  app.add_option("--master-port", config.nodes.master_port, "its TCPStore port (MASTER_PORT)");
+  app.add_option("--store", config.nodes.store_path,
+                 "a FileStore path every node sees, instead (GRADAGG_STORE_PATH)");
+  app.add_option("--ifname", config.nodes.interface, "network interface for Gloo (GRADAGG_SOCKET_IFNAME)");
   app.add_option("--metrics", metrics_path, "append a CSV line per epoch to FILE");
   app.add_option("--checkpoint", config.checkpoint,
                  "save model, optimizer, position and RNG to FILE after every epoch and on stop");

@@ -236,7 +236,9 @@ void validate(const TrainConfig& c) {
 
 TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   validate(config);
-  const int workers = config.workers, batch = config.batch;
+  // `workers` counts the workers of every node: the data split is global.
+  const int workers = config.single ? config.workers : config.workers * config.nodes.nodes;
+  const int batch = config.batch;
   auto info = [&](const std::string& line) {
     if (callbacks.on_info) callbacks.on_info(line);
   };
@@ -310,7 +312,7 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   // Runs in worker ctx.rank on its replica: `model` and the data are its own copies.
   // gradagg counts its steps from 0, so a resumed run adds first_step.
   auto shard = [&](const gradagg::ShardContext& ctx) {
-    const auto [x, y] = batchOf(first_step + ctx.step, ctx.rank);
+    const auto [x, y] = batchOf(first_step + ctx.step, ctx.global_rank);
     return gradagg::ShardResult{crossEntropy(model->forward(x), y), x.size(0)};
   };
 
@@ -318,7 +320,8 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   std::optional<gradagg::Aggregator> aggregator;
   if (!config.single && progress.step < total_steps) {
     gradagg::Options options;
-    options.workers = workers;
+    options.workers = config.workers;
+    options.nodes = config.nodes;
     options.step_timeout = std::chrono::seconds(config.step_timeout_s);
     options.threads_per_worker = config.threads;  // 0: cores / workers
     aggregator.emplace(*model, shard, options);

@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include <gradagg/options.h>
+
 #include "idx.h"
 
 namespace fashion {
@@ -43,6 +45,10 @@ struct TrainConfig {
   bool single = false;       // train in this process (batch workers * batch), no gradagg
   int step_timeout_s = 60;   // gradagg's deadline for a step (Options::step_timeout)
   int threads = 0;           // intra-op threads per worker (or of the one process); 0: default
+  // Several machines, each with `workers` workers: the data split counts
+  // workers * nodes.nodes in all (every node the same count) and worker r of
+  // node k is global worker k * workers + r. Every node evaluates and prints.
+  gradagg::NodeOptions nodes;
 
   std::string checkpoint;             // written at each epoch end, every `checkpoint_every` steps and when stopping
   std::int64_t checkpoint_every = 0;  // steps; 0: only at epoch ends and when stopping
