@@ -324,8 +324,8 @@ struct Aggregator::Impl {
     const int interval = options.nodes.checksum_interval;
     if (cross && interval > 0 && steps_done > 0 && steps_done % interval == 0)
       crossNode([&] { cross->checkParameters(steps_done); });
+    const auto t1 = Clock::now();  // before the command: all the workers' step lies after it
     command(Command::kStep);
-    const auto t1 = Clock::now();
     awaitReduced(steps_done);
     const auto t2 = Clock::now();
     int failed = -1, non_finite = -1;

@@ -22,8 +22,8 @@ struct StepReport {
   std::int64_t step = 0;     // 0 for the first step
   double loss = 0;           // mean of the worker losses with the step's weights
   std::int64_t samples = 0;  // sum over workers
-  double publish_ms = 0;     // parent: checking the snapshot and waking the workers
-  double compute_ms = 0;     // parent: from waking the workers until every range is reduced
+  double publish_ms = 0;     // parent: checking the snapshot (and, across nodes, the checksum)
+  double compute_ms = 0;     // parent: from the command until every range is reduced
   double reduce_ms = 0;      // the slowest worker's reduce_ms (the sum runs in the workers)
   double node_ms = 0;        // across nodes: the node parents' collectives (0 on one node)
   double apply_ms = 0;       // parent: pointing .grad at the result, buffers, this report
