@@ -205,17 +205,23 @@ Row runSingle(const ModelSpec& spec, const Data& data, const Config& cfg) {
 
 // ---- shm (gradagg) -------------------------------------------------------------
 
+// The shard function of the gradagg modes: global worker g of G takes its share
+// of the batch (on one node the global rank is the rank).
+gradagg::ShardFn shmShard(Mlp& model, const Data& data, const ModelSpec& spec) {
+  return [&model, &data, &spec](const gradagg::ShardContext& ctx) {
+    const Shard sh = shardOf(spec.batch, ctx.global_rank, ctx.global_workers);
+    return gradagg::ShardResult{loss(model, data.x.slice(0, sh.begin, sh.end),
+                                     data.y.slice(0, sh.begin, sh.end)),
+                                sh.end - sh.begin};
+  };
+}
+
 Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
   Mlp model = makeModel(spec);
   torch::optim::SGD opt(model->parameters(), kLearningRate);
   gradagg::Options options;
   options.workers = cfg.workers;
-  gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext& ctx) {
-    const Shard sh = shardOf(spec.batch, ctx.rank, ctx.workers);
-    return gradagg::ShardResult{loss(model, data.x.slice(0, sh.begin, sh.end),
-                                     data.y.slice(0, sh.begin, sh.end)),
-                                sh.end - sh.begin};
-  }, options);
+  gradagg::Aggregator agg(*model, shmShard(model, data, spec), options);
   std::vector<double> total, reduce, sync, compute, publish, worker, optimizer, slot_ms;
   for (int s = 0; s < cfg.warmup + cfg.steps; ++s) {
     const auto t0 = Clock::now();
@@ -386,12 +392,7 @@ Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg) {
     options.nodes.store_path = dir.path() + "/store";
     options.nodes.interface = "lo";
     options.nodes.checksum_interval = 0;
-    gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext& ctx) {
-      const Shard sh = shardOf(spec.batch, ctx.global_rank, ctx.global_workers);
-      return gradagg::ShardResult{loss(model, data.x.slice(0, sh.begin, sh.end),
-                                       data.y.slice(0, sh.begin, sh.end)),
-                                  sh.end - sh.begin};
-    }, options);
+    gradagg::Aggregator agg(*model, shmShard(model, data, spec), options);
     for (int s = 0; s < total_steps; ++s) {
       const auto t0 = Clock::now();
       const gradagg::StepReport& r = agg.step();
@@ -504,12 +505,7 @@ Row runCheck(const ModelSpec& spec, const Data& data, const Config& cfg) {
     options.workers = cfg.workers;
     // Gloo peers divide by N (DDP): with unequal shards compare like with like.
     if (spec.batch % cfg.workers != 0) options.weighting = gradagg::Weighting::kEqual;
-    gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext& ctx) {
-      const Shard sh = shardOf(spec.batch, ctx.rank, ctx.workers);
-      return gradagg::ShardResult{loss(model, data.x.slice(0, sh.begin, sh.end),
-                                       data.y.slice(0, sh.begin, sh.end)),
-                                  sh.end - sh.begin};
-    }, options);
+    gradagg::Aggregator agg(*model, shmShard(model, data, spec), options);
     agg.step();
     shm_grad = flatGrad(model);
   }
