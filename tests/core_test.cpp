@@ -8,8 +8,8 @@
 
 #include <gtest/gtest.h>
 
-#include "layout.h"
-#include "reduce.h"
+#include "core/layout.h"
+#include "core/reduce.h"
 
 namespace gradagg::detail {
 namespace {

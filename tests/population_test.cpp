@@ -11,9 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "population_layout.h"
-#include "process.h"
-#include "segment.h"
+#include "population/layout.h"
+#include "core/process.h"
+#include "core/segment.h"
 #include "support.h"
 
 namespace {

@@ -7,9 +7,8 @@
 #include <memory>
 #include <vector>
 
-#include <ATen/core/Tensor.h>
-
 #include <gradagg/options.h>
+#include <gradagg/shard.h>
 #include <gradagg/step_report.h>
 
 namespace torch::nn {
@@ -17,32 +16,6 @@ class Module;
 }
 
 namespace gradagg {
-
-// What a shard function is told: who it is and which step it computes.
-struct ShardContext {
-  int rank = 0;            // 0..workers-1, on this node
-  int workers = 1;         // on this node
-  std::int64_t step = 0;   // 0 for the first step
-  // Across nodes (NodeOptions): pick the shard by these; equal to rank and
-  // workers on a single node.
-  int global_rank = 0;     // workers of lower nodes + rank
-  int global_workers = 1;  // over all nodes
-  int node = 0;
-  int nodes = 1;
-};
-
-// What a shard function returns: the loss of its shard (a scalar that requires
-// grad; gradagg calls backward on it, so do not call backward yourself) and how
-// many samples that loss averages over (> 0), used for the weighting.
-struct ShardResult {
-  at::Tensor loss;
-  std::int64_t samples = 1;
-};
-
-// Runs in a worker process, on that process's copy of the model (its replica):
-// capture the model and the data by reference, they are the worker's own after fork.
-// Parameters are read-only there (writing them kills the worker with SIGSEGV).
-using ShardFn = std::function<ShardResult(const ShardContext&)>;
 
 class Aggregator {
  public:

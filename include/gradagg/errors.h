@@ -10,16 +10,23 @@
 
 namespace gradagg {
 
-// Where a worker is in a step. Written by the worker as it moves; named in errors.
+// Where a worker is. Written by the worker as it moves; named in errors.
 enum class Phase : std::uint32_t {
+  // Both modes:
   kStarting,         // forked, setting up its replica
   kWaiting,          // idle, waiting for the parent's next command
+  // The aggregator's workers:
   kLoadingSnapshot,  // copying the parent's buffers, clearing its slot
   kShard,            // running the user's shard function (forward, loss)
   kBackward,         // autograd writing gradients into its slot
   kWritingSlot,      // checking gradients, writing sample count, loss, buffers
   kReducing,         // summing a range of the gradient over all slots
-  kStopping,         // told to exit
+  kStopping,         // told to exit (both modes)
+  // Population mode (a member's phases; it never loads a shared snapshot):
+  kTraining,         // running train_step
+  kScoring,          // running score
+  kPublishing,       // writing a snapshot of its state
+  kExploiting,       // reading peers' scores, copying a donor, exploring
 };
 const char* phaseName(Phase phase);
 

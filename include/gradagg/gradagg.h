@@ -6,4 +6,5 @@
 #include <gradagg/errors.h>
 #include <gradagg/options.h>
 #include <gradagg/population.h>
+#include <gradagg/shard.h>
 #include <gradagg/step_report.h>

@@ -103,8 +103,6 @@ struct Options {
   // silently untrained model. LibTorch builds that list anew (a few small
   // allocations per parameter); false makes step() allocation-free.
   bool check_parameter_list = true;
-  // Fault injection for tests: called in the worker as it enters each phase.
-  std::function<void(int rank, Phase phase, std::int64_t step)> on_worker_phase;
 
   static constexpr int kMaxWorkers = 256;
 

@@ -117,8 +117,6 @@ struct PopulationOptions {
   // population's life; 0: WorkerDied. Not at start-up.
   int max_restarts = 0;
   int max_read_retries = 100000;  // a snapshot read retried more often raises InternalError
-  // Test hook, in the worker, halfway through writing snapshot `version`.
-  std::function<void(int rank, std::uint64_t version)> on_publish_midway;
 
   static constexpr int kMaxWorkers = 64;
   static constexpr int kMaxHyperparams = 16;

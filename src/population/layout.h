@@ -40,7 +40,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "layout.h"  // kAlign, alignUp, kMessageBytes
+#include "core/layout.h"  // kAlign, alignUp, kMessageBytes
 
 namespace gradagg::detail::pop {
 

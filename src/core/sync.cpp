@@ -1,4 +1,4 @@
-#include "sync.h"
+#include "core/sync.h"
 
 #include <linux/futex.h>
 #include <sys/syscall.h>

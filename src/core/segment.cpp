@@ -1,4 +1,4 @@
-#include "segment.h"
+#include "core/segment.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/os.h>
 
-#include "check.h"
+#include "core/check.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23

@@ -1,4 +1,4 @@
-#include "process.h"
+#include "core/process.h"
 
 #include <sys/prctl.h>
 #include <sys/wait.h>

@@ -19,11 +19,11 @@
 #include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
 
-#include "check.h"
-#include "population_impl.h"
-#include "process.h"
-#include "segment.h"
-#include "sync.h"
+#include "core/check.h"
+#include "population/member.h"
+#include "core/process.h"
+#include "core/segment.h"
+#include "core/sync.h"
 
 namespace gradagg {
 namespace detail::pop {

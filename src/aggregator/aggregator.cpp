@@ -34,15 +34,15 @@
 
 #include <gradagg/errors.h>
 
-#include "check.h"
-#include "cross_node.h"
-#include "layout.h"
-#include "model_binding.h"
-#include "process.h"
-#include "reduce.h"
-#include "segment.h"
-#include "sync.h"
-#include "worker.h"
+#include "core/check.h"
+#include "multinode/cross_node.h"
+#include "core/layout.h"
+#include "core/model_binding.h"
+#include "core/process.h"
+#include "core/reduce.h"
+#include "core/segment.h"
+#include "core/sync.h"
+#include "aggregator/worker.h"
 
 namespace gradagg {
 

@@ -8,8 +8,8 @@
 
 #include <gradagg/population.h>
 
-#include "model_binding.h"
-#include "population_layout.h"
+#include "core/model_binding.h"
+#include "population/layout.h"
 
 namespace gradagg::detail::pop {
 

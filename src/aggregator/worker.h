@@ -7,10 +7,10 @@
 
 #include <gradagg/aggregator.h>
 
-#include "layout.h"
-#include "model_binding.h"
-#include "reduce.h"
-#include "segment.h"
+#include "core/layout.h"
+#include "core/model_binding.h"
+#include "core/reduce.h"
+#include "core/segment.h"
 
 namespace gradagg::detail {
 

@@ -1,4 +1,4 @@
-#include "layout.h"
+#include "core/layout.h"
 
 #include <cstring>
 #include <limits>

@@ -1,4 +1,4 @@
-#include "model_binding.h"
+#include "core/model_binding.h"
 
 #include <unordered_set>
 

@@ -12,6 +12,10 @@ const char* phaseName(Phase phase) {
     case Phase::kWritingSlot: return "writing its slot";
     case Phase::kReducing: return "reducing";
     case Phase::kStopping: return "stopping";
+    case Phase::kTraining: return "training";
+    case Phase::kScoring: return "scoring";
+    case Phase::kPublishing: return "publishing its snapshot";
+    case Phase::kExploiting: return "exploiting (deciding, copying a peer)";
   }
   return "unknown phase";
 }

@@ -1,4 +1,4 @@
-#include "cross_node.h"
+#include "multinode/cross_node.h"
 
 #include <cstring>
 

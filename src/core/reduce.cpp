@@ -1,4 +1,4 @@
-#include "reduce.h"
+#include "core/reduce.h"
 
 #include <algorithm>
 #include <array>

@@ -1,4 +1,4 @@
-#include "node_group.h"
+#include "multinode/node_group.h"
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>

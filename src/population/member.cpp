@@ -29,8 +29,8 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
-#include "population_impl.h"
-#include "sync.h"
+#include "population/member.h"
+#include "core/sync.h"
 
 namespace gradagg::detail::pop {
 

@@ -21,10 +21,10 @@
 
 #include <gradagg/options.h>
 
-#include "layout.h"
-#include "model_binding.h"
-#include "node_group.h"
-#include "reduce.h"
+#include "core/layout.h"
+#include "core/model_binding.h"
+#include "multinode/node_group.h"
+#include "core/reduce.h"
 
 namespace gradagg::detail {
 

@@ -3,8 +3,8 @@
 #include <cstring>
 #include <functional>
 
-#include "check.h"
-#include "population_layout.h"
+#include "core/check.h"
+#include "population/layout.h"
 
 namespace gradagg::detail::pop {
 

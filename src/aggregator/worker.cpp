@@ -16,7 +16,7 @@
 //   arrive on `computed` and wait until every worker has;
 //   if every status is ok, reduce this worker's range of the flat gradient over
 //     all slots into this step's result; arrive on `reduced` (the parent waits).
-#include "worker.h"
+#include "aggregator/worker.h"
 
 #include <unistd.h>
 
@@ -31,8 +31,8 @@
 #include <fmt/format.h>
 #include <torch/nn/module.h>
 
-#include "check.h"
-#include "sync.h"
+#include "core/check.h"
+#include "core/sync.h"
 
 namespace gradagg::detail {
 

@@ -11,7 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "layout.h"
+#include "core/layout.h"
 
 namespace torch::nn {
 class Module;

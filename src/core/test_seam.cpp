@@ -1,0 +1,10 @@
+#include "core/test_seam.h"
+
+namespace gradagg::detail {
+
+TestHooks& testHooks() {
+  static TestHooks hooks;
+  return hooks;
+}
+
+}  // namespace gradagg::detail
