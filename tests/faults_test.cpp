@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/test_seam.h"
 #include "support.h"
 
 namespace gradagg_test {
@@ -62,7 +63,8 @@ TEST_P(KilledInPhase, RaisesWorkerDiedWithinASecondAndChangesNothing) {
   torch::optim::Adam adam(model->parameters(), 0.01);
   gradagg::Options o;
   o.workers = 3;
-  o.on_worker_phase = [target](int rank, Phase phase, int64_t step) {
+  gradagg::detail::ScopedTestHooks hooks;
+  hooks->on_worker_phase = [target](int rank, Phase phase, int64_t step) {
     if (rank == 1 && phase == target && step == 1) ::raise(SIGKILL);
   };
   gradagg::Aggregator agg(*model, shardFn(*model, data, shardBounds(12, 3, false)), o);
@@ -118,8 +120,9 @@ std::vector<torch::Tensor> trainWithFault(bool fault, int* restarts) {
   gradagg::Options o;
   o.workers = 3;
   o.max_restarts = 2;
+  gradagg::detail::ScopedTestHooks hooks;
   if (fault) {
-    o.on_worker_phase = [&fired](int rank, Phase phase, int64_t step) {
+    hooks->on_worker_phase = [&fired](int rank, Phase phase, int64_t step) {
       if (rank == 2 && phase == Phase::kBackward && step == 3 && fired.p->exchange(1) == 0)
         ::raise(SIGKILL);
     };
@@ -147,7 +150,8 @@ TEST_F(GradaggTest, RestartsRunOutThenTheErrorIsRaised) {
   gradagg::Options o;
   o.workers = 2;
   o.max_restarts = 2;
-  o.on_worker_phase = [](int rank, Phase phase, int64_t) {
+  gradagg::detail::ScopedTestHooks hooks;
+  hooks->on_worker_phase = [](int rank, Phase phase, int64_t) {
     if (rank == 0 && phase == Phase::kShard) ::raise(SIGKILL);  // every generation
   };
   gradagg::Aggregator agg(*model, shardFn(*model, data, shardBounds(4, 2, false)), o);

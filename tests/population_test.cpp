@@ -14,6 +14,7 @@
 #include "population/layout.h"
 #include "core/process.h"
 #include "core/segment.h"
+#include "core/test_seam.h"
 #include "support.h"
 
 namespace {
@@ -434,7 +435,8 @@ TEST_F(PopulationRunTest, AMemberKilledMidPublishRaisesWorkerDiedAndItsLastSnaps
   Fixture f;
   auto o = options(Policy::none());
   // Version 1 is the start, 2 generation 0; die halfway through writing 3.
-  o.on_publish_midway = [](int rank, std::uint64_t version) {
+  gradagg::detail::ScopedTestHooks hooks;
+  hooks->on_publish_midway = [](int rank, std::uint64_t version) {
     if (rank == 1 && version == 3) ::raise(SIGKILL);
   };
   gradagg::Population population(*f.net, f.fns(), o);
@@ -446,7 +448,7 @@ TEST_F(PopulationRunTest, AMemberKilledMidPublishRaisesWorkerDiedAndItsLastSnaps
     FAIL() << "no WorkerDied";
   } catch (const gradagg::WorkerDied& e) {
     EXPECT_EQ(e.rank(), 1);
-    EXPECT_EQ(e.phase(), gradagg::Phase::kWritingSlot);
+    EXPECT_EQ(e.phase(), gradagg::Phase::kPublishing);
     EXPECT_EQ(e.signal(), SIGKILL);
     EXPECT_NE(std::string(e.what()).find("publishing its snapshot"), std::string::npos) << e.what();
   }
@@ -520,7 +522,8 @@ TEST_F(PopulationRunTest, MaxRestartsForksADeadMemberAgainFromItsLatestSnapshot)
   killed->store(0);
   auto o = options(Policy::none());  // versions: 1 start, 2 generation 0, 3 generation 1
   o.max_restarts = 2;
-  o.on_publish_midway = [killed](int rank, std::uint64_t version) {
+  gradagg::detail::ScopedTestHooks hooks;
+  hooks->on_publish_midway = [killed](int rank, std::uint64_t version) {
     if (rank == 1 && version == 3 && killed->exchange(1) == 0) ::raise(SIGKILL);
   };
   {
@@ -556,7 +559,7 @@ TEST_F(PopulationRunTest, AHangingMemberIsAStepTimeoutNamingIt) {
     FAIL() << "no StepTimeout";
   } catch (const gradagg::StepTimeout& e) {
     EXPECT_EQ(e.rank(), 2);
-    EXPECT_EQ(e.phase(), gradagg::Phase::kShard);
+    EXPECT_EQ(e.phase(), gradagg::Phase::kTraining);
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
   EXPECT_FALSE(population.usable());

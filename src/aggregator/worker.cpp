@@ -33,6 +33,7 @@
 
 #include "core/check.h"
 #include "core/sync.h"
+#include "core/test_seam.h"
 
 namespace gradagg::detail {
 
@@ -103,7 +104,7 @@ class Worker {
   // Sets the phase and calls the test hook, if any.
   void enter(Phase p) {
     setPhase(p);
-    if (s_.options->on_worker_phase) s_.options->on_worker_phase(s_.rank, p, header_.step);
+    if (const auto& hook = testHooks().on_worker_phase) hook(s_.rank, p, header_.step);
   }
 
   void setUp() {

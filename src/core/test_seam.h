@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 
 #include <gradagg/errors.h>
 
@@ -23,15 +24,15 @@ struct TestHooks {
 // The process's hooks (empty unless a test set them).
 TestHooks& testHooks();
 
-// Sets the hooks for a scope (a test) and restores the previous ones after.
+// Clears the hooks for a scope (a test), which sets them through ->, and
+// restores the previous ones after.
 class ScopedTestHooks {
  public:
-  explicit ScopedTestHooks(TestHooks hooks) : saved_(std::move(testHooks())) {
-    testHooks() = std::move(hooks);
-  }
+  ScopedTestHooks() : saved_(std::exchange(testHooks(), TestHooks{})) {}
   ~ScopedTestHooks() { testHooks() = std::move(saved_); }
   ScopedTestHooks(const ScopedTestHooks&) = delete;
   ScopedTestHooks& operator=(const ScopedTestHooks&) = delete;
+  TestHooks* operator->() const { return &testHooks(); }
 
  private:
   TestHooks saved_;

@@ -51,11 +51,6 @@ inline constexpr int kMaxHp = 16;
 
 enum class Command : std::uint32_t { kNone = 0, kTrain = 1, kExploit = 2, kStop = 3, kPublish = 4 };
 enum class Status : std::uint32_t { kOk = 0, kFailed = 1 };
-// Where a member is; named in errors (mapped onto gradagg::Phase for WorkerDied).
-enum class MemberPhase : std::uint32_t {
-  kStarting, kWaiting, kTraining, kScoring, kPublishing, kExploiting, kStopping
-};
-const char* memberPhaseName(MemberPhase p);
 
 // At the start of each slot. Written by its member only, under the slot's seq.
 struct alignas(kAlign) SlotMeta {

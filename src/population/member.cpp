@@ -31,6 +31,7 @@
 
 #include "population/member.h"
 #include "core/sync.h"
+#include "core/test_seam.h"
 
 namespace gradagg::detail::pop {
 
@@ -68,7 +69,7 @@ class Member {
       if (seen == kParentGone) return 4;
       const auto command = static_cast<Command>(header_.command);
       if (command == Command::kStop) {
-        setPhase(MemberPhase::kStopping);
+        setPhase(Phase::kStopping);
         return 0;
       }
       if (control_.status == static_cast<std::uint32_t>(Status::kOk)) {
@@ -86,7 +87,7 @@ class Member {
 
  private:
   void setUp() {
-    setPhase(MemberPhase::kStarting);
+    setPhase(Phase::kStarting);
     if (header_.resumed != 0 || control_.restart != 0) {
       MetaValues m = readOwn();
       loadTensors(*s_.binding, s_.layout, payload());
@@ -111,7 +112,7 @@ class Member {
 
   void train() {
     for (std::int64_t k = 0; k < opt_.publish_interval; ++k) {
-      setPhase(MemberPhase::kTraining);
+      setPhase(Phase::kTraining);
       DecisionRng rng = DecisionRng::derive(opt_.seed, s_.rank, step_, kStreamTrain);
       s_.fns->train_step(context(rng));
       ++step_;
@@ -121,7 +122,7 @@ class Member {
   }
 
   void exploit() {
-    setPhase(MemberPhase::kExploiting);
+    setPhase(Phase::kExploiting);
     control_.copied = 0;
     PolicyInput in;
     in.rank = s_.rank;
@@ -172,7 +173,7 @@ class Member {
   }
 
   void publishNow() {
-    setPhase(MemberPhase::kPublishing);
+    setPhase(Phase::kPublishing);
     std::string state;
     if (s_.layout.sizes.optimizer_bytes > 0) {
       torch::serialize::OutputArchive archive;
@@ -194,7 +195,7 @@ class Member {
     m.hp_count = static_cast<std::uint32_t>(s_.hp_names->size());
     hpToArray(hp_, *s_.hp_names, m.hp);
     std::function<void()> midway;
-    if (opt_.on_publish_midway) midway = [&] { opt_.on_publish_midway(s_.rank, m.version); };
+    if (const auto& hook = testHooks().on_publish_midway) midway = [&] { hook(s_.rank, m.version); };
     publish(area_, m, [&](std::byte* p) {
       writeTensors(*s_.binding, s_.layout, p);
       if (!state.empty()) std::memcpy(p + stateOffset(), state.data(), state.size());
@@ -222,7 +223,7 @@ class Member {
   }
 
   double score() {
-    setPhase(MemberPhase::kScoring);
+    setPhase(Phase::kScoring);
     DecisionRng rng = DecisionRng::derive(opt_.seed, s_.rank, step_, kStreamTrain + 100);
     return s_.fns->score(context(rng));
   }
@@ -251,12 +252,12 @@ class Member {
     std::snprintf(control_.message, sizeof(control_.message), "%s", what);
   }
 
-  void setPhase(MemberPhase p) {
+  void setPhase(Phase p) {
     control_.phase.store(static_cast<std::uint32_t>(p), std::memory_order_relaxed);
   }
 
   void arrive(std::uint32_t seq) {
-    setPhase(MemberPhase::kWaiting);
+    setPhase(Phase::kWaiting);
     control_.done_seq.store(seq, std::memory_order_release);
     if (header_.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1)
       futexWakeAll(header_.remaining);

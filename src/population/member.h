@@ -52,7 +52,5 @@ inline std::uint64_t usedPayload(const PopLayout& l, const MetaValues& m) {
 void writeTensors(const ModelBinding& b, const PopLayout& l, std::byte* payload);
 void loadTensors(const ModelBinding& b, const PopLayout& l, std::byte* payload);
 
-// Maps the population's phases onto gradagg::Phase for WorkerError.
-Phase publicPhase(MemberPhase p);
 
 }  // namespace gradagg::detail::pop

@@ -50,19 +50,6 @@ void loadTensors(const ModelBinding& b, const PopLayout& l, std::byte* payload) 
   for (const auto& e : b.buffers()) e.tensor.copy_(viewAt(e, payload + l.sizes.param_bytes));
 }
 
-Phase publicPhase(MemberPhase p) {
-  switch (p) {
-    case MemberPhase::kStarting: return Phase::kStarting;
-    case MemberPhase::kWaiting: return Phase::kWaiting;
-    case MemberPhase::kTraining:
-    case MemberPhase::kScoring: return Phase::kShard;
-    case MemberPhase::kPublishing: return Phase::kWritingSlot;
-    case MemberPhase::kExploiting: return Phase::kLoadingSnapshot;
-    case MemberPhase::kStopping: return Phase::kStopping;
-  }
-  return Phase::kWaiting;
-}
-
 }  // namespace detail::pop
 
 using namespace detail;
@@ -86,8 +73,8 @@ struct Population::Impl {
 
   PopHeader& header() const { return *reinterpret_cast<PopHeader*>(segment.base()); }
   MemberArea area(int r) const { return memberArea(segment.base(), layout, r); }
-  MemberPhase phaseOf(int r) const {
-    return static_cast<MemberPhase>(area(r).control->phase.load(std::memory_order_relaxed));
+  Phase phaseOf(int r) const {
+    return static_cast<Phase>(area(r).control->phase.load(std::memory_order_relaxed));
   }
 
   Impl(torch::nn::Module& m, PopulationFns f, PopulationOptions o)
@@ -220,7 +207,7 @@ struct Population::Impl {
       if (left == 0) break;
       for (int r = 0; r < options.workers; ++r) {
         if (auto exit = proc(r).poll(0)) {
-          const MemberPhase p = phaseOf(r);
+          const Phase p = phaseOf(r);
           if (may_restart && restarts < options.max_restarts) {
             restart(r);
             continue;
@@ -228,21 +215,21 @@ struct Population::Impl {
           const std::string msg = fmt::format(
               "gradagg: population member {} (pid {}) {} in phase '{}' during {}; the other "
               "members were stopped", r, proc(r).pid(0),
-              exit->describe(), memberPhaseName(p), what);
+              exit->describe(), phaseName(p), what);
           stopAndThrow(std::make_exception_ptr(
-              WorkerDied(msg, r, publicPhase(p), exit->exit_status, exit->signal)));
+              WorkerDied(msg, r, p, exit->exit_status, exit->signal)));
         }
       }
       const auto now = Clock::now();
       if (now >= deadline) {
         int late = 0;
         for (int r = 0; r < options.workers; ++r)
-          if (phaseOf(r) != MemberPhase::kWaiting) { late = r; break; }
+          if (phaseOf(r) != Phase::kWaiting) { late = r; break; }
         const std::string msg = fmt::format(
             "gradagg: population member {} did not finish {} within {} ms (phase '{}'); the "
             "members were stopped", late, what, options.step_timeout.count(),
-            memberPhaseName(phaseOf(late)));
-        stopAndThrow(std::make_exception_ptr(StepTimeout(msg, late, publicPhase(phaseOf(late)))));
+            phaseName(phaseOf(late)));
+        stopAndThrow(std::make_exception_ptr(StepTimeout(msg, late, phaseOf(late))));
       }
       futexWait(remaining, left, std::min<Clock::duration>(std::chrono::milliseconds(50), deadline - now));
     }
@@ -251,7 +238,7 @@ struct Population::Impl {
       if (c.status == static_cast<std::uint32_t>(Status::kOk)) continue;
       const std::string message(c.message, ::strnlen(c.message, sizeof(c.message)));
       const std::string msg = fmt::format("gradagg: population member {} failed during {}: {}", r, what, message);
-      stopAndThrow(std::make_exception_ptr(WorkerFailed(msg, r, publicPhase(phaseOf(r)), message)));
+      stopAndThrow(std::make_exception_ptr(WorkerFailed(msg, r, phaseOf(r), message)));
     }
   }
 

@@ -8,19 +8,6 @@
 
 namespace gradagg::detail::pop {
 
-const char* memberPhaseName(MemberPhase p) {
-  switch (p) {
-    case MemberPhase::kStarting: return "starting";
-    case MemberPhase::kWaiting: return "waiting for the parent";
-    case MemberPhase::kTraining: return "training";
-    case MemberPhase::kScoring: return "scoring";
-    case MemberPhase::kPublishing: return "publishing its snapshot";
-    case MemberPhase::kExploiting: return "exploiting (deciding, copying a peer)";
-    case MemberPhase::kStopping: return "stopping";
-  }
-  return "unknown phase";
-}
-
 PopLayout PopLayout::plan(const PopSizes& s, std::size_t page_bytes) {
   PopLayout l;
   l.sizes = s;
