@@ -320,8 +320,9 @@ Row runGloo(const ModelSpec& spec, const Data& data, const Config& cfg, int warm
   const int total_steps = warmup + steps;
   const std::int64_t P = paramCount(spec);
   Mlp model = makeModel(spec);
-  SharedMapping shared(sizeof(GlooStepTimes) * total_steps + sizeof(float) * P);
-  auto* times = static_cast<GlooStepTimes*>(shared.data());
+  detail::Segment shared;
+  auto* times = static_cast<GlooStepTimes*>(
+      sharedMapping(shared, sizeof(GlooStepTimes) * total_steps + sizeof(float) * P));
   auto* grad_out = reinterpret_cast<float*>(times + total_steps);
 
   runGlooGroup(n, peerThreads(cfg), [&](int rank, GlooPeer& peer) {
@@ -379,8 +380,8 @@ Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg) {
   const int per_node = std::max(1, cfg.workers / 2);
   const int total_steps = cfg.warmup + cfg.steps;
   TempDir dir;
-  SharedMapping shared(sizeof(NodeTimes) * total_steps);
-  auto* times = static_cast<NodeTimes*>(shared.data());
+  detail::Segment shared;
+  auto* times = static_cast<NodeTimes*>(sharedMapping(shared, sizeof(NodeTimes) * total_steps));
   ForkedPeers nodes;
   nodes.spawn(2, [&](int node) {
     Mlp model = makeModel(spec);
@@ -466,8 +467,8 @@ Row runReduceOnly(const ModelSpec& spec, const Config& cfg) {
 
   // A Gloo allreduce of the same P floats among n processes.
   const int gloo_iterations = 3 + samples;
-  SharedMapping shared(sizeof(double) * gloo_iterations);
-  auto* gloo_ms = static_cast<double*>(shared.data());
+  detail::Segment shared;
+  auto* gloo_ms = static_cast<double*>(sharedMapping(shared, sizeof(double) * gloo_iterations));
   runGlooGroup(n, peerThreads(cfg), [&](int rank, GlooPeer& peer) {
     torch::Tensor t = torch::empty({static_cast<std::int64_t>(P)});
     for (int s = 0; s < gloo_iterations; ++s) {

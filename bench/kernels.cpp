@@ -69,9 +69,8 @@ void reduceSlots(float* out, const float* const* slots, const double* weights, i
                  std::size_t count) {
   const std::vector<detail::FlatTensor> flat{{0, count, detail::ElementType::kFloat32}};
   const auto ranges = detail::splitRanges(count * sizeof(float), n);
-  const std::uint8_t flag = 1;
-  std::vector<detail::SlotView> views;
-  for (int i = 0; i < n; ++i) views.push_back({reinterpret_cast<const std::byte*>(slots[i]), &flag});
+  std::vector<const std::byte*> views;
+  for (int i = 0; i < n; ++i) views.push_back(reinterpret_cast<const std::byte*>(slots[i]));
   pool(n).run([&](int r) {
     detail::reduceRange(flat, ranges[r], reinterpret_cast<std::byte*>(out), views.data(), weights,
                         n);

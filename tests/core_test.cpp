@@ -136,19 +136,19 @@ TEST(WeightedSum, EqualsThePlainLeftToRightSumForEveryCountAndWorkerCount) {
     }
 }
 
-TEST(ReduceRange, WritesOnlyFlaggedParametersInsideItsRange) {
-  // Two float parameters at 0 (20 elements = 80 bytes -> 128) and 128 (10 elements).
-  const std::vector<FlatTensor> params{{0, 20, ElementType::kFloat32},
-                                       {128, 10, ElementType::kFloat32}};
+TEST(ReduceRange, WritesOnlyTrainableParametersInsideItsRange) {
+  // Two float parameters at 0 (20 elements = 80 bytes -> 128) and 128 (10
+  // elements, not trainable).
+  const std::vector<FlatTensor> params{{0, 20, ElementType::kFloat32, true},
+                                       {128, 10, ElementType::kFloat32, false}};
   std::vector<float> a(64, 1.0f), b(64, 3.0f), out(64, -7.0f);
-  std::uint8_t flags_a[2] = {1, 0}, flags_b[2] = {0, 0};
-  const SlotView slots[2] = {{reinterpret_cast<std::byte*>(a.data()), flags_a},
-                             {reinterpret_cast<std::byte*>(b.data()), flags_b}};
+  const std::byte* slots[2] = {reinterpret_cast<std::byte*>(a.data()),
+                               reinterpret_cast<std::byte*>(b.data())};
   const double w[2] = {0.25, 0.75};
   reduceRange(params, ByteRange{64, 192}, reinterpret_cast<std::byte*>(out.data()), slots, w, 2);
   for (int k = 0; k < 16; ++k) EXPECT_EQ(out[k], -7.0f) << k;  // before the range
   for (int k = 16; k < 20; ++k) EXPECT_EQ(out[k], 0.25f + 2.25f) << k;
-  for (int k = 32; k < 42; ++k) EXPECT_EQ(out[k], -7.0f) << k;  // nobody flagged it
+  for (int k = 32; k < 42; ++k) EXPECT_EQ(out[k], -7.0f) << k;  // not trainable
 }
 
 TEST(AllFinite, FindsNanAndInfinityAnywhere) {

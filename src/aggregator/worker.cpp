@@ -13,7 +13,9 @@
 //     into the slot; check what landed there (shape, finiteness); write loss,
 //     samples and buffers. Any exception becomes a failed status with its
 //     message: the worker lives on for the next step;
-//   arrive on `computed` and wait until every worker has;
+//   arrive on `computed`; the last to arrive (the closer) computes the step's
+//     weights and whether every status is ok, once, for everyone; wait until
+//     every worker has arrived and the closer is done;
 //   if every status is ok, reduce this worker's range of the flat gradient over
 //     all slots into this step's result; arrive on `reduced` (the parent waits).
 #include "aggregator/worker.h"
@@ -22,7 +24,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <thread>
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -32,6 +33,7 @@
 #include <torch/nn/module.h>
 
 #include "core/check.h"
+#include "core/control.h"
 #include "core/sync.h"
 #include "core/test_seam.h"
 
@@ -39,22 +41,17 @@ namespace gradagg::detail {
 
 namespace {
 
-// Spin this long before blocking: covers the parent's optimizer step between
-// two steps of a small model, and a peer finishing its backward a little later.
-const std::chrono::nanoseconds kSpin = spinBudget(std::chrono::microseconds(200));
-constexpr auto kParentCheck = std::chrono::milliseconds(100);
-
 class Worker {
  public:
   explicit Worker(const WorkerSetup& s)
       : s_(s),
-        base_(s.segment->base()),
-        header_(*reinterpret_cast<Header*>(base_)),
-        layout_(header_.layout),
-        n_(static_cast<int>(layout_.sizes.workers)),
-        control_(controlOf(s.rank)),
-        slot_(base_ + layout_.slotOffset(s.rank)),
-        flags_(reinterpret_cast<std::uint8_t*>(slot_ + layout_.slot_flags_offset)) {}
+        map_{s.segment->base(), s.layout},
+        header_(map_.header()),
+        n_(static_cast<int>(s.layout.sizes.workers)),
+        control_(map_.control(s.rank)),
+        channel_(header_.command_seq, WorkerWords{&control_.phase, &control_.done_seq}, s.parent),
+        slot_(map_.slot(s.rank)),
+        flags_(map_.slotFlags(s.rank)) {}
 
   int run() {
     std::uint32_t seen = s_.start_seq;
@@ -64,57 +61,47 @@ class Worker {
     } catch (...) {
       fail(SlotStatus::kFailed);
     }
-    arrive(header_.reduced, seen);
-    if (control_.status != static_cast<std::uint32_t>(SlotStatus::kOk)) {
-      awaitCommand(seen);  // the parent reads the message, then stops us
+    const bool ready = control_.status == static_cast<std::uint32_t>(SlotStatus::kOk);
+    channel_.finish(header_.reduced, seen);
+    if (!ready) {
+      channel_.awaitCommand(seen);  // the parent reads the message, then stops us
       return 3;
     }
     for (;;) {
-      seen = awaitCommand(seen);
-      if (seen == kParentGone) return 4;
+      const auto next = channel_.awaitCommand(seen);
+      if (!next) return 4;  // the parent is gone
+      seen = *next;
       if (static_cast<Command>(header_.command) == Command::kStop) {
-        setPhase(Phase::kStopping);
+        channel_.setPhase(Phase::kStopping);
         return 0;
       }
       control_.wake_ms = static_cast<double>(nowNs() - header_.command_ns) / 1e6;
       serveStep();
       auto t0 = Clock::now();
-      if (!awaitZero(header_.computed)) return 4;
+      if (!channel_.awaitZero(header_.computed)) return 4;
       control_.barrier_ms = millisSince(t0);
       t0 = Clock::now();
       reduce();
       control_.reduce_ms = millisSince(t0);
-      setPhase(Phase::kWaiting);  // before arriving: from here on it waits for the next step
-      arrive(header_.reduced, seen);
+      channel_.finish(header_.reduced, seen);  // from here on it waits for the next step
     }
   }
 
  private:
-  static constexpr std::uint32_t kParentGone = 0xffff'ffffu;
-
-  WorkerControl& controlOf(int r) const {
-    return *reinterpret_cast<WorkerControl*>(base_ + layout_.control_offset +
-                                             sizeof(WorkerControl) * r);
-  }
-
-  void setPhase(Phase p) {
-    control_.phase.store(static_cast<std::uint32_t>(p), std::memory_order_relaxed);
-  }
-
   // Sets the phase and calls the test hook, if any.
   void enter(Phase p) {
-    setPhase(p);
+    channel_.setPhase(p);
     if (const auto& hook = testHooks().on_worker_phase) hook(s_.rank, p, header_.step);
   }
 
   void setUp() {
-    const std::string bad = validateHeader(base_, s_.segment->size(), &s_.layout);
+    const std::string bad = validateHeader(map_.base, s_.segment->size(), &s_.layout);
     if (!bad.empty()) throw InternalError("gradagg: worker found a bad segment header: " + bad);
     control_.pid = static_cast<std::int32_t>(::getpid());
     at::set_num_threads(s_.threads);
     // The parameters are the parent's master values: read them, never write them.
-    s_.segment->protectReadOnly(layout_.snapshot_offset,
-                                layout_.sizes.param_bytes + layout_.sizes.buffer_bytes);
+    s_.segment->protectReadOnly(s_.layout.snapshot_offset,
+                                s_.layout.sizes.param_bytes + s_.layout.sizes.buffer_bytes);
     at::NoGradGuard no_grad;
     for (TensorEntry& b : s_.binding->buffers())
       b.tensor.set_data(viewAt(b, s_.binding->bufferRegion()).clone());
@@ -128,41 +115,9 @@ class Worker {
       std::uint8_t* flag = flags_ + k;
       p.tensor.register_hook([flag](const at::Tensor&) { *flag = 1; });
     }
-    for (int r = 0; r < n_; ++r) {
-      std::byte* slot = base_ + layout_.slotOffset(r);
-      slots_.push_back(SlotView{slot, reinterpret_cast<const std::uint8_t*>(
-                                          slot + layout_.slot_flags_offset)});
-    }
+    for (int r = 0; r < n_; ++r) slots_.push_back(map_.slot(r));
     samples_.resize(n_);
     weights_.resize(n_);
-  }
-
-  // Returns the new command_seq, or kParentGone.
-  std::uint32_t awaitCommand(std::uint32_t seen) {
-    setPhase(Phase::kWaiting);
-    std::uint32_t v = spinWhileEqual(header_.command_seq, seen, kSpin);
-    while (v == seen) {
-      futexWait(header_.command_seq, seen, kParentCheck);
-      v = header_.command_seq.load(std::memory_order_acquire);
-      if (v == seen && ::getppid() != s_.parent) return kParentGone;
-    }
-    return v;
-  }
-
-  // Waits until `word` reads 0; false when the parent is gone.
-  bool awaitZero(std::atomic<std::uint32_t>& word) {
-    std::uint32_t v = spinUntilEqual(word, 0, kSpin);
-    while (v != 0) {
-      futexWait(word, v, kParentCheck);
-      v = word.load(std::memory_order_acquire);
-      if (v != 0 && ::getppid() != s_.parent) return false;
-    }
-    return true;
-  }
-
-  void arrive(std::atomic<std::uint32_t>& word, std::uint32_t seq) {
-    if (&word == &header_.reduced) control_.done_seq.store(seq, std::memory_order_release);
-    if (word.fetch_sub(1, std::memory_order_acq_rel) == 1) futexWakeAll(word);
   }
 
   void serveStep() {
@@ -179,10 +134,10 @@ class Worker {
       ctx.rank = s_.rank;
       ctx.workers = n_;
       ctx.step = header_.step;
-      ctx.global_rank = s_.worker_offset + s_.rank;
-      ctx.global_workers = s_.global_workers;
-      ctx.node = s_.node;
-      ctx.nodes = s_.nodes;
+      ctx.global_rank = s_.placement.worker_offset + s_.rank;
+      ctx.global_workers = s_.placement.global_workers;
+      ctx.node = s_.placement.node;
+      ctx.nodes = s_.placement.nodes;
       t0 = Clock::now();
       ShardResult result = (*s_.shard)(ctx);
       control_.shard_ms = millisSince(t0);
@@ -203,7 +158,7 @@ class Worker {
       enter(Phase::kReducing);
     } catch (...) {
     }
-    arrive(header_.computed, 0);
+    if (channel_.arrive(header_.computed) == 1) close();  // the N-th of N + 1: the closer
   }
 
   void loadSnapshot() {
@@ -214,8 +169,8 @@ class Worker {
     at::NoGradGuard no_grad;
     for (TensorEntry& b : s_.binding->buffers())
       b.tensor.copy_(viewAt(b, s_.binding->bufferRegion()));
-    std::memset(slot_, 0, layout_.sizes.param_bytes);
-    std::memset(flags_, 0, layout_.sizes.param_count);
+    std::memset(slot_, 0, s_.layout.sizes.param_bytes);
+    std::memset(flags_, 0, s_.layout.sizes.param_count);
     auto& params = s_.binding->params();
     for (std::size_t k = 0; k < params.size(); ++k) {
       TensorEntry& p = params[k];
@@ -227,7 +182,7 @@ class Worker {
   // splitmix64 of (seed, global rank, step): well spread, the same on a redo.
   std::uint64_t stepSeed() const {
     std::uint64_t z = s_.options->seed ^
-                      (static_cast<std::uint64_t>(s_.worker_offset + s_.rank) << 40) ^
+                      (static_cast<std::uint64_t>(s_.placement.worker_offset + s_.rank) << 40) ^
                       static_cast<std::uint64_t>(header_.step);
     z += 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -274,7 +229,7 @@ class Worker {
       flags_[k] = 1;
       p.tensor.mutable_grad() = grad_views_[k];
     }
-    std::byte* slot_buffers = slot_ + layout_.slot_buffers_offset;
+    std::byte* slot_buffers = map_.slotBuffers(s_.rank);
     for (TensorEntry& b : s_.binding->buffers()) viewAt(b, slot_buffers).copy_(b.tensor);
     control_.samples = r.samples;
     control_.loss = r.loss.item<double>();
@@ -296,17 +251,34 @@ class Worker {
         fmt::format("the loss is {}", control_.loss), s_.rank, Phase::kWritingSlot, "", "");
   }
 
-  // After every worker arrived on `computed`: all statuses are final.
-  void reduce() {
+  // The closer: the worker that took the N-th from `computed` (the parent set
+  // it to N + 1) sees every slot and status. It writes the step's summary and
+  // the weights once, for the other workers and the parent, then takes the last
+  // one and wakes them.
+  void close() {
+    bool ok = true;
     for (int r = 0; r < n_; ++r) {
-      const WorkerControl& c = controlOf(r);
-      if (c.status != static_cast<std::uint32_t>(SlotStatus::kOk)) return;  // nothing applied
+      const WorkerControl& c = map_.control(r);
+      ok = ok && c.status == static_cast<std::uint32_t>(SlotStatus::kOk);
       samples_[r] = c.samples;
     }
-    computeWeights(s_.options->weighting == Weighting::kEqual, samples_.data(), n_,
-                   weights_.data(), s_.normalize);
-    std::byte* out = base_ + layout_.result_offset[header_.result_index & 1];
-    reduceRange(*s_.flat, s_.range, out, slots_.data(), weights_.data(), n_);
+    const bool equal = s_.options->weighting == Weighting::kEqual;
+    double total = 0;
+    for (int r = 0; r < n_; ++r) total += equal ? 1.0 : static_cast<double>(samples_[r]);
+    if (ok)
+      computeWeights(equal, samples_.data(), n_, weights_.data(), s_.placement.normalize);
+    for (int r = 0; r < n_; ++r) map_.control(r).weight = ok ? weights_[r] : 0.0;
+    header_.weight_total = ok ? total : 0.0;
+    header_.step_ok = ok ? 1 : 0;
+    channel_.arrive(header_.computed);
+  }
+
+  // After `computed` read 0: the summary is final.
+  void reduce() {
+    if (header_.step_ok == 0) return;  // nothing is applied
+    for (int r = 0; r < n_; ++r) weights_[r] = map_.control(r).weight;
+    reduceRange(*s_.flat, s_.range, map_.result(header_.result_index), slots_.data(),
+                weights_.data(), n_);
   }
 
   void fail(SlotStatus status) noexcept {
@@ -331,37 +303,24 @@ class Worker {
   }
 
   const WorkerSetup& s_;
-  std::byte* base_;
+  const SegmentMap map_;
   Header& header_;
-  const Layout layout_;
   const int n_;
   WorkerControl& control_;
+  WorkerChannel channel_;
   std::byte* slot_;
   std::uint8_t* flags_;
   std::vector<at::Tensor> grad_views_;
-  std::vector<SlotView> slots_;
+  std::vector<const std::byte*> slots_;  // every slot's gradient area
   std::vector<std::int64_t> samples_;
   std::vector<double> weights_;
 };
 
 }  // namespace
 
-int workerMain(const WorkerSetup& setup) noexcept {
-  int code = 126;
-  try {
-    std::thread t([&] {
-      try {
-        Worker w(setup);
-        code = w.run();
-      } catch (...) {
-        code = 126;
-      }
-    });
-    t.join();
-  } catch (...) {
-    code = 127;
-  }
-  return code;
+int workerMain(const WorkerSetup& setup) {
+  Worker worker(setup);
+  return worker.run();
 }
 
 }  // namespace gradagg::detail

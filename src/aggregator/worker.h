@@ -5,19 +5,20 @@
 
 #include <vector>
 
-#include <gradagg/aggregator.h>
+#include <gradagg/options.h>
+#include <gradagg/shard.h>
 
 #include "core/layout.h"
 #include "core/model_binding.h"
 #include "core/reduce.h"
 #include "core/segment.h"
+#include "core/stage.h"
 
 namespace gradagg::detail {
 
 struct WorkerSetup {
   int rank = 0;
   int threads = 1;
-  std::uint32_t start_seq = 0;            // command_seq when this worker was forked
   const Segment* segment = nullptr;       // inherited mapping, same address as the parent's
   Layout layout;                          // what the parent planned, to check the header against
   ModelBinding* binding = nullptr;        // this process's copy (fork): its replica's tensors
@@ -26,20 +27,12 @@ struct WorkerSetup {
   const Options* options = nullptr;
   const std::vector<FlatTensor>* flat = nullptr;  // the parameters as the reduction sees them
   ByteRange range;                        // this worker's range of the flat gradient
+  std::uint32_t start_seq = 0;            // command_seq when this worker was forked
   pid_t parent = 0;
-  // Across nodes: the reduction leaves sum_i w_i g_i unnormalised (the parent
-  // divides after the allreduce), and the shard function learns its global rank.
-  bool normalize = true;
-  int node = 0;
-  int nodes = 1;
-  int worker_offset = 0;
-  int global_workers = 1;
+  Placement placement;                    // among every node's workers
 };
 
-// Runs in the child right after fork and returns its exit status. The work runs
-// on a fresh thread: libgomp's thread pool state inherited from a parent that
-// already ran parallel regions hangs the forked main thread's next parallel
-// region, while a new thread builds a new pool.
-int workerMain(const WorkerSetup& setup) noexcept;
+// Runs in the child (ProcessSet::spawn's fresh thread) and returns its exit status.
+int workerMain(const WorkerSetup& setup);
 
 }  // namespace gradagg::detail

@@ -106,11 +106,19 @@ struct alignas(kAlign) Header {
   std::int64_t step;           // the step number the shard functions are told
   std::int64_t command_ns;     // CLOCK_MONOTONIC when the command was issued (for wake_ms)
 
-  // ---- computed line. Set to N by the parent before it bumps command_seq; each
-  // worker decrements it once (acq_rel) when its slot and WorkerControl are
-  // complete, and the one that reaches 0 wakes the others. A worker starts to
-  // reduce only after it read 0: then every slot is complete.
+  // ---- computed line. Set to N + 1 by the parent before it bumps command_seq;
+  // each worker takes one (acq_rel) when its slot and WorkerControl are
+  // complete. The worker that takes the N-th (the closer: it sees every slot)
+  // writes the step's summary below and every WorkerControl::weight, then takes
+  // the last one and wakes the others. A worker starts to reduce only after it
+  // read 0: then every slot and the summary are complete.
   alignas(kAlign) std::atomic<std::uint32_t> computed;
+  // The summary, written by the closer before it takes the last one from
+  // `computed`; read by the workers after `computed` read 0 and by the parent
+  // after `reduced` read 0. (They sit in what was the line's padding: no offset
+  // moved, the layout version stays 1.)
+  std::uint32_t step_ok;   // 1 when every worker's status is kOk: the workers reduce
+  double weight_total;     // D = sum of the samples (or the worker count, equal weighting)
 
   // ---- reduced line. Set to N by the parent before it bumps command_seq (and
   // before it forks, for start-up); each worker decrements it once when its
@@ -146,6 +154,11 @@ struct alignas(kAlign) WorkerControl {
   double reduce_ms;
   // NUL-terminated message when status == kFailed (the worker's exception).
   char message[kMessageBytes];
+  // This worker's weight in the step (n_i / D, or n_i across nodes where the
+  // parent divides later; 0 when the step failed). Written by the closer (see
+  // Header::computed), read after `computed` read 0. In what was the struct's
+  // tail padding: no offset moved.
+  double weight;
 };
 
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
@@ -153,6 +166,37 @@ static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t),
               "futex words must be plain 32-bit integers");
 static_assert(sizeof(Header) % kAlign == 0 && sizeof(WorkerControl) % kAlign == 0);
 static_assert(offsetof(Header, magic) == 0);
+// Layout version 1: these sizes and offsets are what version 1 always had.
+static_assert(sizeof(Header) == 384 && offsetof(Header, computed) == 256 &&
+              offsetof(Header, reduced) == 320);
+static_assert(sizeof(WorkerControl) == 1152 && offsetof(WorkerControl, message) == 96);
+
+// Typed access to the regions of a mapped segment: every use site names the
+// region it wants, no offset arithmetic is written outside this struct.
+struct SegmentMap {
+  std::byte* base = nullptr;
+  Layout layout;
+
+  Header& header() const { return *reinterpret_cast<Header*>(base); }
+  WorkerControl& control(int rank) const {
+    return reinterpret_cast<WorkerControl*>(base + layout.control_offset)[rank];
+  }
+  std::byte* snapshotParams() const { return base + layout.snapshot_offset; }
+  std::byte* snapshotBuffers() const { return base + layout.snapshot_buffers_offset; }
+  std::byte* result(int index) const { return base + layout.result_offset[index & 1]; }
+  std::byte* slot(int rank) const { return base + layout.slotOffset(rank); }  // its gradient
+  std::uint8_t* slotFlags(int rank) const {
+    return reinterpret_cast<std::uint8_t*>(slot(rank) + layout.slot_flags_offset);
+  }
+  std::byte* slotBuffers(int rank) const { return slot(rank) + layout.slot_buffers_offset; }
+};
+
+// The two results: .grad views one (`viewed`), a step fills the other.
+struct ResultPair {
+  int viewed = 1;
+  int fresh() const { return 1 - viewed; }
+  void flip() { viewed = fresh(); }
+};
 
 // Checks what a process finds at the start of a mapping of `mapping_bytes`:
 // magic, version, header size, that the stored offsets are exactly those plan()

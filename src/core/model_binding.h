@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "core/layout.h"
+#include "core/reduce.h"
 
 namespace torch::nn {
 class Module;
@@ -28,6 +29,11 @@ struct TensorEntry {
   std::vector<std::int64_t> sizes;
   bool requires_grad = false;    // fixed at construction
 };
+
+// How the reduction sees a parameter's dtype (float32 or float64).
+inline ElementType elementTypeOf(c10::ScalarType t) {
+  return t == c10::ScalarType::Double ? ElementType::kFloat64 : ElementType::kFloat32;
+}
 
 // A view of entry's bytes at `region + entry.offset`, with its shape and dtype.
 at::Tensor viewAt(const TensorEntry& entry, std::byte* region);

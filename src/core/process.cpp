@@ -33,31 +33,61 @@ std::string ProcessExit::describe() const {
   return fmt::format("exited with status {}", exit_status);
 }
 
-pid_t ProcessSet::spawn(const std::function<int()>& body) {
+namespace {
+// In the child: never returns into the parent's code, never runs its atexit handlers.
+[[noreturn]] void runChild(pid_t parent, const std::function<int()>& body) noexcept {
+  int code = 125;
+  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(code);
+  std::signal(SIGINT, SIG_IGN);
+  try {
+    std::thread([&] {
+      try {
+        code = body();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "gradagg: child process %d failed: %s\n", ::getpid(), e.what());
+        code = 126;
+      } catch (...) {
+        code = 126;
+      }
+    }).join();
+  } catch (...) {
+    code = 127;  // no thread
+  }
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  ::_exit(code);
+}
+
+pid_t forkChild(const std::function<int()>& body) {
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);
   const pid_t parent = ::getpid();
-  children_.reserve(children_.size() + 1);  // no allocation after fork in the parent
   const pid_t pid = ::fork();
   if (pid < 0) throw fmt::system_error(errno, "gradagg: fork");
-  if (pid == 0) {
-    // The child: never return into the parent's code, never run its atexit handlers.
-    int code = 125;
-    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(code);
-    std::signal(SIGINT, SIG_IGN);
-    try {
-      code = body();
-    } catch (...) {
-      code = 126;
-    }
-    std::cout.flush();
-    std::cerr.flush();
-    std::fflush(nullptr);
-    ::_exit(code);
-  }
+  if (pid == 0) runChild(parent, body);
+  return pid;
+}
+}  // namespace
+
+pid_t ProcessSet::spawn(const std::function<int()>& body) {
+  children_.reserve(children_.size() + 1);  // no allocation after fork in the parent
+  const pid_t pid = forkChild(body);
   children_.push_back(Child{pid, std::nullopt});
   return pid;
+}
+
+pid_t ProcessSet::respawn(std::size_t i, const std::function<int()>& body) {
+  Child& c = children_.at(i);
+  if (!c.exit) {
+    ::kill(c.pid, SIGKILL);
+    int status = 0;
+    while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+  c = Child{forkChild(body), std::nullopt};
+  return c.pid;
 }
 
 std::optional<ProcessExit> ProcessSet::poll(std::size_t i) {

@@ -27,9 +27,15 @@ class ProcessSet {
 
   // Forks a child that arms PR_SET_PDEATHSIG(SIGKILL), checks its parent is
   // still the one that forked it, ignores SIGINT (the parent decides), runs
-  // body() and _exits with its result. Returns the child's pid in the parent;
-  // never returns in the child. Flushes stdio first so nothing is printed twice.
+  // body() on a fresh thread and _exits with its result (126, and the message
+  // on stderr, when it throws). Returns the child's pid in the parent; never
+  // returns in the child. Flushes stdio first so nothing is printed twice.
+  // The fresh thread: libgomp's pool state inherited from a parent that already
+  // ran parallel regions hangs the forked main thread's next parallel region,
+  // while a new thread builds a new pool.
   pid_t spawn(const std::function<int()>& body);
+  // Kills and reaps child i, then forks `body` in its place (same index).
+  pid_t respawn(std::size_t i, const std::function<int()>& body);
 
   std::size_t size() const noexcept { return children_.size(); }
   pid_t pid(std::size_t i) const { return children_[i].pid; }

@@ -91,18 +91,15 @@ void scaleInPlace(ElementType type, void* data, std::size_t count, double factor
 }
 
 void reduceRange(const std::vector<FlatTensor>& params, ByteRange range, std::byte* out,
-                 const SlotView* slots, const double* w, int n) {
+                 const std::byte* const* slots, const double* w, int n) {
   std::array<const void*, kMaxSlots> in{};
   for (std::size_t k = 0; k < params.size(); ++k) {
     const FlatTensor& p = params[k];
     const std::size_t size = elementBytes(p.type);
     const std::uint64_t lo = std::max(range.begin, p.offset);
     const std::uint64_t hi = std::min(range.end, p.offset + p.count * size);
-    if (lo >= hi) continue;
-    bool any = false;
-    for (int i = 0; i < n && !any; ++i) any = slots[i].has_grad[k] != 0;
-    if (!any) continue;
-    for (int i = 0; i < n; ++i) in[i] = slots[i].grads + lo;
+    if (lo >= hi || !p.trainable) continue;
+    for (int i = 0; i < n; ++i) in[i] = slots[i] + lo;
     weightedSum(p.type, out + lo, in.data(), w, n, (hi - lo) / size);
   }
 }

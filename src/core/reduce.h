@@ -20,6 +20,7 @@ struct FlatTensor {
   std::uint64_t offset = 0;  // bytes, a multiple of 64
   std::uint64_t count = 0;   // elements
   ElementType type = ElementType::kFloat32;
+  bool trainable = true;     // requires_grad: only these are reduced
 };
 
 struct ByteRange {
@@ -39,17 +40,13 @@ void computeWeights(bool equal, const std::int64_t* samples, int n, double* w,
 // data[k] = (T)((double)data[k] * factor).
 void scaleInPlace(ElementType type, void* data, std::size_t count, double factor);
 
-// The slots as the reduction sees them.
-struct SlotView {
-  const std::byte* grads = nullptr;         // the slot's gradient area
-  const std::uint8_t* has_grad = nullptr;   // one flag per parameter
-};
-
-// For every parameter overlapping `range` that some slot flagged, writes
-// out[k] = sum_i w[i] * slot_i[k] over the overlap into `out` (a result region).
-// Parameters no slot flagged are left untouched.
+// For every trainable parameter overlapping `range`, writes
+// out[k] = sum_i w[i] * slots[i][k] over the overlap into `out` (a result
+// region); `slots` are the slots' gradient areas. A parameter no worker gave a
+// gradient sums to zero (slots are zeroed each step); one that is not trainable
+// is left untouched.
 void reduceRange(const std::vector<FlatTensor>& params, ByteRange range, std::byte* out,
-                 const SlotView* slots, const double* w, int n);
+                 const std::byte* const* slots, const double* w, int n);
 
 // out[k] = (T)(w[0]*in[0][k] + ... + w[n-1]*in[n-1][k]), summed left to right in double.
 void weightedSum(ElementType type, void* out, const void* const* in, const double* w, int n,

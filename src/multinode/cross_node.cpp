@@ -43,9 +43,13 @@ std::uint64_t fnv1a(const std::byte* p, std::size_t n, std::uint64_t h) {
 
 }  // namespace
 
-CrossNode::CrossNode(const NodeOptions& options, ModelBinding& binding, const Layout& layout,
-                     std::byte* base, int workers)
-    : group_(options), binding_(binding), layout_(layout), base_(base) {
+CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBinding& binding,
+                     const SegmentMap& segment, int workers)
+    : group_(options),
+      binding_(binding),
+      segment_(segment),
+      checksum_interval_(options.checksum_interval),
+      gather_buffers_(buffers == BufferSync::kFromRank0) {
   // The same model everywhere, checked by comparing layouts through the store.
   const std::string mine = describeLayout(binding);
   const auto all = group_.exchange("layout", mine);
@@ -69,7 +73,7 @@ CrossNode::CrossNode(const NodeOptions& options, ModelBinding& binding, const La
   for (TensorEntry& e : binding.buffers()) {
     at::Tensor v = viewAt(e, binding.bufferRegion());
     group_.broadcastFromNode0(v, "broadcasting the initial buffers");
-    scratch_.push_back(v.clone());
+    slot0_buffers_.push_back(viewAt(e, segment_.slotBuffers(0)));
   }
   // Runs of parameters of one dtype, each one collective.
   const auto& params = binding.params();
@@ -78,11 +82,12 @@ CrossNode::CrossNode(const NodeOptions& options, ModelBinding& binding, const La
     while (j + 1 < params.size() && params[j + 1].dtype == params[k].dtype) ++j;
     const std::uint64_t begin = params[k].offset;
     const std::uint64_t end = params[j].offset + params[j].bytes;
-    const std::int64_t count = static_cast<std::int64_t>((end - begin) / c10::elementSize(params[k].dtype));
+    const auto count =
+        static_cast<std::int64_t>((end - begin) / c10::elementSize(params[k].dtype));
     Span span;
     span.offset = begin;
     for (int i = 0; i < 2; ++i)
-      span.view[i] = at::from_blob(base_ + layout_.result_offset[i] + begin, {count},
+      span.view[i] = at::from_blob(segment_.result(i) + begin, {count},
                                    at::TensorOptions().dtype(params[k].dtype));
     spans_.push_back(std::move(span));
     k = j + 1;
@@ -90,63 +95,65 @@ CrossNode::CrossNode(const NodeOptions& options, ModelBinding& binding, const La
   status_ = at::zeros({static_cast<std::int64_t>(5 + params.size())}, at::kDouble);
 }
 
-CrossNode::Status CrossNode::exchangeStatus(bool failed, bool non_finite, double total,
-                                            double weighted_loss, std::int64_t samples,
-                                            std::vector<std::uint8_t>& any_grad) {
+Placement CrossNode::placement() const {
+  return Placement{group_.rank(), group_.size(), worker_offset_, global_workers_,
+                   /*normalize=*/false};
+}
+
+void CrossNode::beforeStep(std::int64_t step) {
+  if (checksum_interval_ > 0 && step > 0 && step % checksum_interval_ == 0) checkParameters(step);
+}
+
+StepTotals CrossNode::reduce(const StepTotals& local, std::vector<std::uint8_t>& any_grad,
+                             int result) {
+  const StepTotals all = exchangeStatus(local, any_grad);
+  if (all.failed || all.non_finite) return all;
+  reduceResult(result, any_grad, all.weight_total);
+  if (gather_buffers_) gatherBuffers();
+  return all;
+}
+
+StepTotals CrossNode::exchangeStatus(const StepTotals& local, std::vector<std::uint8_t>& any_grad) {
   double* s = status_.data_ptr<double>();
-  s[0] = failed ? 1 : 0;
-  s[1] = non_finite ? 1 : 0;
-  s[2] = total;
-  s[3] = weighted_loss * total;
-  s[4] = static_cast<double>(samples);
+  s[0] = local.failed ? 1 : 0;
+  s[1] = local.non_finite ? 1 : 0;
+  s[2] = local.weight_total;
+  s[3] = local.loss * local.weight_total;
+  s[4] = static_cast<double>(local.samples);
   for (std::size_t k = 0; k < any_grad.size(); ++k) s[5 + k] = any_grad[k];
   group_.allreduceSum(status_, "the cross-node status allreduce");
-  Status out;
-  out.failed = static_cast<int>(s[0]);
-  out.non_finite = static_cast<int>(s[1]);
-  out.total = s[2];
+  StepTotals out;
+  out.failed = s[0] > 0;
+  out.non_finite = s[1] > 0;
+  out.weight_total = s[2];
   out.loss = s[2] > 0 ? s[3] / s[2] : 0;
   out.samples = static_cast<std::int64_t>(s[4]);
   for (std::size_t k = 0; k < any_grad.size(); ++k) any_grad[k] = s[5 + k] > 0 ? 1 : 0;
   return out;
 }
 
-void CrossNode::reduceResult(int result, const std::vector<std::uint8_t>& local_any,
-                             const std::vector<std::uint8_t>& global_any, double total) {
-  std::byte* out = base_ + layout_.result_offset[result];
+void CrossNode::reduceResult(int result, const std::vector<std::uint8_t>& any_grad, double total) {
+  std::byte* out = segment_.result(result);
   const auto& params = binding_.params();
-  for (std::size_t k = 0; k < params.size(); ++k)
-    if (!local_any[k]) std::memset(out + params[k].offset, 0, params[k].bytes);
-  for (Span& span : spans_) group_.allreduceSum(span.view[result], "the cross-node gradient allreduce");
+  for (Span& span : spans_)
+    group_.allreduceSum(span.view[result], "the cross-node gradient allreduce");
   for (std::size_t k = 0; k < params.size(); ++k) {
-    if (!global_any[k]) continue;
-    const auto type = params[k].dtype == at::kDouble ? ElementType::kFloat64 : ElementType::kFloat32;
-    scaleInPlace(type, out + params[k].offset, static_cast<std::size_t>(params[k].tensor.numel()),
+    if (!any_grad[k]) continue;
+    scaleInPlace(elementTypeOf(params[k].dtype), out + params[k].offset, static_cast<std::size_t>(params[k].tensor.numel()),
                  1.0 / total);
   }
 }
 
-void CrossNode::gatherBuffers(const std::byte* slot0_buffers) {
-  auto& buffers = binding_.buffers();
-  for (std::size_t b = 0; b < buffers.size(); ++b) {
-    if (group_.rank() == 0)
-      std::memcpy(scratch_[b].data_ptr(), slot0_buffers + buffers[b].offset, buffers[b].bytes);
-    else
-      std::memset(scratch_[b].data_ptr(), 0, buffers[b].bytes);
-    group_.allreduceSum(scratch_[b], "the cross-node buffer allreduce");
+void CrossNode::gatherBuffers() {
+  for (at::Tensor& b : slot0_buffers_) {
+    if (group_.rank() != 0) std::memset(b.data_ptr(), 0, b.nbytes());
+    group_.allreduceSum(b, "the cross-node buffer allreduce");
   }
-}
-
-void CrossNode::commitBuffers() {
-  auto& buffers = binding_.buffers();
-  for (std::size_t b = 0; b < buffers.size(); ++b)
-    std::memcpy(binding_.bufferRegion() + buffers[b].offset, scratch_[b].data_ptr(),
-                buffers[b].bytes);
 }
 
 void CrossNode::checkParameters(std::int64_t step) {
   std::uint64_t h = 14695981039346656037ull;
-  h = fnv1a(binding_.paramRegion(), layout_.sizes.param_bytes, h);
+  h = fnv1a(binding_.paramRegion(), segment_.layout.sizes.param_bytes, h);
   const auto sums = group_.allgather(static_cast<std::int64_t>(h), "the parameter checksum");
   std::vector<int> differ;
   for (int r = 0; r < group_.size(); ++r)

@@ -1,4 +1,4 @@
-// CrossNode: the step's second level when a run spans several machines.
+// CrossNode: the reduction's second stage when a run spans several machines.
 //
 // Inside a node the workers reduce through shared memory as always, but with
 // unnormalised weights (n_i, or 1 for equal weighting), so this node's result
@@ -7,8 +7,11 @@
 //   1. the status line: failed and non-finite counts, the weight total D, the
 //      weighted loss, the samples and one has-grad count per parameter; if any
 //      node failed, every node refuses the step (nothing is applied anywhere);
-//   2. the result, in runs of parameters of one dtype (unflagged ones zeroed);
-//   3. with BufferSync::kFromRank0, the buffers (node 0's, the others send zeros).
+//   2. the result, in runs of parameters of one dtype (parameters this node's
+//      workers gave no gradient are zero there already);
+//   3. with BufferSync::kFromRank0, the buffers of node 0's worker 0 (the other
+//      nodes send zeros) into slot 0's buffer area, where the parent takes
+//      worker 0's buffers from as on one node.
 // Each node then divides by the global D. Gloo's ring gives every node the same
 // bits, so every node takes the same optimizer step.
 #pragma once
@@ -23,48 +26,36 @@
 
 #include "core/layout.h"
 #include "core/model_binding.h"
+#include "core/stage.h"
 #include "multinode/node_group.h"
-#include "core/reduce.h"
 
 namespace gradagg::detail {
 
-class CrossNode {
+class CrossNode final : public ReductionStage {
  public:
   // Rendezvous, then: the same model layout on every node (else InvalidArgument
   // on every node), worker counts exchanged, parameters and buffers broadcast
   // from node 0 into this node's snapshot.
-  CrossNode(const NodeOptions& options, ModelBinding& binding, const Layout& layout,
-            std::byte* base, int workers);
+  CrossNode(const NodeOptions& options, BufferSync buffers, ModelBinding& binding,
+            const SegmentMap& segment, int workers);
 
-  int node() const { return group_.rank(); }
-  int nodes() const { return group_.size(); }
-  int workerOffset() const { return worker_offset_; }
-  int globalWorkers() const { return global_workers_; }
-
-  struct Status {
-    int failed = 0;      // nodes with a failed worker
-    int non_finite = 0;  // nodes with a non-finite gradient
-    double total = 0;    // global weight total D
-    double loss = 0;     // global weighted mean loss
-    std::int64_t samples = 0;
-  };
-  // Step 1. `any_grad` (per parameter, this node's flags) becomes the global OR.
-  Status exchangeStatus(bool failed, bool non_finite, double total, double weighted_loss,
-                        std::int64_t samples, std::vector<std::uint8_t>& any_grad);
-  // Step 2, on the result region `result` (index 0 or 1) after exchangeStatus.
-  void reduceResult(int result, const std::vector<std::uint8_t>& local_any,
-                    const std::vector<std::uint8_t>& global_any, double total);
-  // Step 3: node 0's buffers (worker 0's, in `slot0_buffers`) into scratch; apply with commitBuffers.
-  void gatherBuffers(const std::byte* slot0_buffers);
-  void commitBuffers();
-  // Every `interval` steps: the nodes' parameter checksums must agree (NodeFailed otherwise).
-  void checkParameters(std::int64_t step);
+  Placement placement() const override;
+  void beforeStep(std::int64_t step) override;  // the checksum, every checksum_interval steps
+  StepTotals reduce(const StepTotals& local, std::vector<std::uint8_t>& any_grad,
+                    int result) override;
 
  private:
+  StepTotals exchangeStatus(const StepTotals& local, std::vector<std::uint8_t>& any_grad);
+  void reduceResult(int result, const std::vector<std::uint8_t>& any_grad, double total);
+  void gatherBuffers();
+  // The nodes' parameter checksums must agree (NodeFailed otherwise).
+  void checkParameters(std::int64_t step);
+
   NodeGroup group_;
   ModelBinding& binding_;
-  Layout layout_;
-  std::byte* base_;
+  SegmentMap segment_;
+  int checksum_interval_ = 0;
+  bool gather_buffers_ = false;
   int worker_offset_ = 0;
   int global_workers_ = 0;
   struct Span {
@@ -73,7 +64,7 @@ class CrossNode {
   };
   std::vector<Span> spans_;    // runs of one dtype covering every parameter
   at::Tensor status_;          // float64 [5 + parameters]
-  std::vector<at::Tensor> scratch_;  // one per buffer
+  std::vector<at::Tensor> slot0_buffers_;  // views of slot 0's buffer area
 };
 
 }  // namespace gradagg::detail

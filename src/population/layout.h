@@ -1,7 +1,7 @@
 // The population segment: plain data at fixed offsets, no pointers, no containers.
 //
-// Protocol. The parent drives generations through the command line of the
-// header, as the core mode drives steps: it writes the fields, sets `remaining`
+// Protocol. The parent drives generations through the control channel
+// (src/core/control.h) over the header's command line: it writes the fields, sets `remaining`
 // to N, bumps command_seq (release) and wakes the members. kTrain: each member
 // trains publish_interval steps, publishes a snapshot, and arrives (decrements
 // `remaining`, the last wakes the parent). kExploit: each member reads every
@@ -74,8 +74,9 @@ struct alignas(kAlign) MemberControl {
   // after the slot's seq went even; by the parent before fork when resuming.
   std::atomic<std::uint32_t> latest;
   // The command_seq this member last arrived for; stored (release) by the member
-  // just before it decrements `remaining`. The parent reads it when the member
-  // died, to know whether a restarted member still owes that arrival.
+  // just before it decrements `remaining` (and by the parent before the first
+  // fork: "not arrived"). The parent reads it to name a late member, and when the
+  // member died, to know whether a restarted member still owes that arrival.
   std::atomic<std::uint32_t> done_seq;
   // Written by the parent before it forks a replacement (max_restarts): 0 for a
   // first start; 1: start from the latest slot and arrive for the current

@@ -20,7 +20,6 @@
 
 #include <cstring>
 #include <sstream>
-#include <thread>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -30,14 +29,12 @@
 #include <torch/serialize/archive.h>
 
 #include "population/member.h"
-#include "core/sync.h"
+#include "core/control.h"
 #include "core/test_seam.h"
 
 namespace gradagg::detail::pop {
 
 namespace {
-constexpr auto kParentCheck = std::chrono::milliseconds(100);
-constexpr std::uint32_t kParentGone = 0xffffffffu;
 
 void defaultApply(torch::optim::Optimizer& opt, const Hyperparams& hp) {
   const auto lr = hp.find("lr");
@@ -53,6 +50,7 @@ class Member {
         header_(*reinterpret_cast<PopHeader*>(s.base)),
         area_(memberArea(s.base, s.layout, s.rank)),
         control_(*area_.control),
+        channel_(header_.command_seq, WorkerWords{&control_.phase, &control_.done_seq}, s.parent),
         n_(static_cast<int>(s.layout.sizes.workers)),
         buffer_(s.layout.payloadBytes() + kAlign) {}
 
@@ -63,13 +61,14 @@ class Member {
     } catch (const std::exception& e) {
       fail(e.what());
     }
-    if (control_.restart != 2) arrive(seen);
+    if (control_.restart != 2) channel_.finish(header_.remaining, seen);
     for (;;) {
-      seen = awaitCommand(seen);
-      if (seen == kParentGone) return 4;
+      const auto next = channel_.awaitCommand(seen);
+      if (!next) return 4;  // the parent is gone
+      seen = *next;
       const auto command = static_cast<Command>(header_.command);
       if (command == Command::kStop) {
-        setPhase(Phase::kStopping);
+        channel_.setPhase(Phase::kStopping);
         return 0;
       }
       if (control_.status == static_cast<std::uint32_t>(Status::kOk)) {
@@ -81,7 +80,7 @@ class Member {
           fail(e.what());
         }
       }
-      arrive(seen);
+      channel_.finish(header_.remaining, seen);
     }
   }
 
@@ -252,32 +251,14 @@ class Member {
     std::snprintf(control_.message, sizeof(control_.message), "%s", what);
   }
 
-  void setPhase(Phase p) {
-    control_.phase.store(static_cast<std::uint32_t>(p), std::memory_order_relaxed);
-  }
-
-  void arrive(std::uint32_t seq) {
-    setPhase(Phase::kWaiting);
-    control_.done_seq.store(seq, std::memory_order_release);
-    if (header_.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1)
-      futexWakeAll(header_.remaining);
-  }
-
-  std::uint32_t awaitCommand(std::uint32_t seen) {
-    std::uint32_t v = spinWhileEqual(header_.command_seq, seen, std::chrono::microseconds(200));
-    while (v == seen) {
-      if (::getppid() != s_.parent) return kParentGone;
-      futexWait(header_.command_seq, seen, kParentCheck);
-      v = header_.command_seq.load(std::memory_order_acquire);
-    }
-    return v;
-  }
+  void setPhase(Phase p) { channel_.setPhase(p); }
 
   const MemberSetup& s_;
   const PopulationOptions& opt_;
   PopHeader& header_;
   MemberArea area_;
   MemberControl& control_;
+  WorkerChannel channel_;
   int n_;
   std::vector<std::byte> buffer_;  // a private copy of one payload, 64-byte aligned
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
@@ -290,14 +271,9 @@ class Member {
 }  // namespace
 
 int runMember(const MemberSetup& setup) {
-  // A fresh thread gets a fresh libgomp pool (see worker.cpp: fork after OpenMP).
-  int code = 5;
-  std::thread([&] {
-    at::set_num_threads(setup.threads);
-    Member member(setup);
-    code = member.run();
-  }).join();
-  return code;
+  at::set_num_threads(setup.threads);
+  Member member(setup);
+  return member.run();
 }
 
 }  // namespace gradagg::detail::pop

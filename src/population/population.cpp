@@ -23,7 +23,7 @@
 #include "population/member.h"
 #include "core/process.h"
 #include "core/segment.h"
-#include "core/sync.h"
+#include "core/control.h"
 
 namespace gradagg {
 namespace detail::pop {
@@ -64,18 +64,16 @@ struct Population::Impl {
   std::vector<Hyperparams> initial_hp;
   PopLayout layout;
   Segment segment;
-  std::vector<std::unique_ptr<ProcessSet>> processes;  // one set of one child per member
+  ProcessSet processes;  // member r is child r
+  ParentChannel channel;
+  bool restart_allowed = false;  // not at start-up
   int restarts = 0;
   std::vector<MemberSetup> setups;
   int lineage_fd = -1;
-  bool usable = false;
   std::int64_t generation = 0;
 
   PopHeader& header() const { return *reinterpret_cast<PopHeader*>(segment.base()); }
   MemberArea area(int r) const { return memberArea(segment.base(), layout, r); }
-  Phase phaseOf(int r) const {
-    return static_cast<Phase>(area(r).control->phase.load(std::memory_order_relaxed));
-  }
 
   Impl(torch::nn::Module& m, PopulationFns f, PopulationOptions o)
       : model(&m), fns(std::move(f)), options(std::move(o)) {
@@ -127,22 +125,23 @@ struct Population::Impl {
       s = MemberSetup{r, segment.base(), layout, binding.get(), model, &fns, &options, &hp_names,
                       initial_hp[static_cast<std::size_t>(r)], 0, ::getpid(), threads};
     }
-    h.remaining.store(static_cast<std::uint32_t>(n), std::memory_order_relaxed);
-    usable = true;
-    for (int r = 0; r < n; ++r) spawn(r);
-    await("start-up", /*may_restart=*/false);
-  }
-
-  void spawn(int r) {
-    const MemberSetup& s = setups[static_cast<std::size_t>(r)];
-    if (processes.size() <= static_cast<std::size_t>(r)) processes.resize(static_cast<std::size_t>(r) + 1);
-    processes[static_cast<std::size_t>(r)] = std::make_unique<ProcessSet>();
-    area(r).control->pid = processes[static_cast<std::size_t>(r)]->spawn([&s] { return runMember(s); });
-  }
-  ProcessSet& proc(int r) const { return *processes[static_cast<std::size_t>(r)]; }
-  void killAll() noexcept {
-    for (auto& p : processes) p->killAll();
-    processes.clear();
+    std::vector<WorkerWords> words;
+    for (int r = 0; r < n; ++r) words.push_back({&area(r).control->phase, &area(r).control->done_seq});
+    channel = ParentChannel(h.command_seq, std::move(words), processes,
+                            ChannelNames{"population member", "members", std::nullopt});
+    channel.onDeath([this](int r, const ProcessExit&) {
+      if (!restart_allowed || restarts >= options.max_restarts) return false;
+      restart(r);
+      return true;
+    });
+    channel.prepareStart({{&h.remaining}});
+    for (int r = 0; r < n; ++r) {
+      setups[r].start_seq = channel.seq();
+      area(r).control->pid = processes.spawn([&s = setups[r]] { return runMember(s); });
+    }
+    await(Awaited{});
+    channel.started();
+    restart_allowed = true;
   }
 
   // Member r died during the current command: fork a replacement that starts
@@ -150,14 +149,13 @@ struct Population::Impl {
   // arrives for this command unless r already had.
   void restart(int r) {
     ++restarts;
-    proc(r).killAll();
     MemberControl& c = *area(r).control;
-    const std::uint32_t seq = header().command_seq.load(std::memory_order_relaxed);
-    c.restart = c.done_seq.load(std::memory_order_acquire) == seq ? 2 : 1;
+    c.restart = channel.done(r) ? 2 : 1;
     c.status = static_cast<std::uint32_t>(Status::kOk);
     c.copied = 0;
-    setups[static_cast<std::size_t>(r)].start_seq = seq;
-    spawn(r);
+    setups[r].start_seq = channel.seq();
+    channel.prepareRestart(r);
+    c.pid = processes.respawn(static_cast<std::size_t>(r), [&s = setups[r]] { return runMember(s); });
   }
 
   ~Impl() {
@@ -166,91 +164,39 @@ struct Population::Impl {
   }
 
   void shutdown() noexcept {
-    if (processes.empty()) return;
-    if (usable) {
-      try {
-        command(pop::Command::kStop);
-        const auto deadline = Clock::now() + options.shutdown_timeout;
-        for (auto& p : processes)
-          p->waitAll(std::chrono::duration_cast<std::chrono::milliseconds>(
-              std::max<Clock::duration>(deadline - Clock::now(), Clock::duration::zero())));
-      } catch (...) {
-      }
-    }
-    killAll();
-    usable = false;
+    channel.shutdown([this] { command(pop::Command::kStop); }, options.shutdown_timeout);
   }
 
   void command(pop::Command c) {
     PopHeader& h = header();
     h.command = static_cast<std::uint32_t>(c);
     h.generation = generation;
-    h.remaining.store(static_cast<std::uint32_t>(options.workers), std::memory_order_relaxed);
-    h.command_seq.fetch_add(1, std::memory_order_release);
-    futexWakeAll(h.command_seq);
+    channel.command({{&h.remaining}});
   }
 
-  [[noreturn]] void stopAndThrow(std::exception_ptr e) {
-    killAll();
-    usable = false;
-    std::rethrow_exception(e);
-  }
-
-  // The barrier: waits until every member arrived, with the deadline and a
-  // liveness check each slice; then raises the first member's failure.
-  void await(const std::string& what, bool may_restart = true) {
-    auto& remaining = header().remaining;
-    const auto deadline = Clock::now() + options.step_timeout;
-    spinUntilEqual(remaining, 0, std::chrono::microseconds(200));
-    for (;;) {
-      const std::uint32_t left = remaining.load(std::memory_order_acquire);
-      if (left == 0) break;
-      for (int r = 0; r < options.workers; ++r) {
-        if (auto exit = proc(r).poll(0)) {
-          const Phase p = phaseOf(r);
-          if (may_restart && restarts < options.max_restarts) {
-            restart(r);
-            continue;
-          }
-          const std::string msg = fmt::format(
-              "gradagg: population member {} (pid {}) {} in phase '{}' during {}; the other "
-              "members were stopped", r, proc(r).pid(0),
-              exit->describe(), phaseName(p), what);
-          stopAndThrow(std::make_exception_ptr(
-              WorkerDied(msg, r, p, exit->exit_status, exit->signal)));
-        }
-      }
-      const auto now = Clock::now();
-      if (now >= deadline) {
-        int late = 0;
-        for (int r = 0; r < options.workers; ++r)
-          if (phaseOf(r) != Phase::kWaiting) { late = r; break; }
-        const std::string msg = fmt::format(
-            "gradagg: population member {} did not finish {} within {} ms (phase '{}'); the "
-            "members were stopped", late, what, options.step_timeout.count(),
-            phaseName(phaseOf(late)));
-        stopAndThrow(std::make_exception_ptr(StepTimeout(msg, late, phaseOf(late))));
-      }
-      futexWait(remaining, left, std::min<Clock::duration>(std::chrono::milliseconds(50), deadline - now));
-    }
+  // The barrier: every member arrived (the channel raises a death or a missed
+  // deadline); then the first member's failure.
+  void await(const Awaited& what) {
+    channel.await(header().remaining, options.step_timeout, what);
     for (int r = 0; r < options.workers; ++r) {
       const MemberControl& c = *area(r).control;
       if (c.status == static_cast<std::uint32_t>(Status::kOk)) continue;
       const std::string message(c.message, ::strnlen(c.message, sizeof(c.message)));
-      const std::string msg = fmt::format("gradagg: population member {} failed during {}: {}", r, what, message);
-      stopAndThrow(std::make_exception_ptr(WorkerFailed(msg, r, phaseOf(r), message)));
+      channel.fail<WorkerFailed>(r, fmt::format("gradagg: population member {} failed during {}: {}",
+                                                r, what.describe(), message),
+                                 message);
     }
   }
 
   std::vector<CopyEvent> generation_() {
-    if (!usable) throw NotUsable("gradagg: the population is not usable (shut down or failed)");
-    const std::string what = fmt::format("generation {}", generation);
+    if (!channel.usable())
+      throw NotUsable("gradagg: the population is not usable: " + channel.unusableReason());
     command(pop::Command::kTrain);
-    await(what + " (training, publishing)");
+    await(Awaited{"generation", generation, "training, publishing"});
     command(pop::Command::kExploit);
-    await(what + " (exploit, explore)");
+    await(Awaited{"generation", generation, "exploit, explore"});
     command(pop::Command::kPublish);
-    await(what + " (publishing copies)");
+    await(Awaited{"generation", generation, "publishing copies"});
     ++generation;
     std::vector<CopyEvent> events;
     for (int r = 0; r < options.workers; ++r) {
@@ -386,14 +332,14 @@ std::vector<CopyEvent> Population::generation() { return impl_->generation_(); }
 MemberSnapshot Population::snapshot(int rank) const { return impl_->snapshot(rank); }
 void Population::checkpoint(const std::string& path) const { impl_->checkpoint(path); }
 void Population::shutdown() { impl_->shutdown(); }
-bool Population::usable() const noexcept { return impl_->usable; }
+bool Population::usable() const noexcept { return impl_->channel.usable(); }
 int Population::workers() const noexcept { return impl_->options.workers; }
 int Population::restarts() const noexcept { return impl_->restarts; }
 std::vector<std::string> Population::hyperparamNames() const { return impl_->hp_names; }
 std::vector<int> Population::workerPids() const {
   std::vector<int> pids;
-  if (!impl_->usable) return pids;
-  for (const auto& p : impl_->processes) pids.push_back(p->pid(0));
+  if (!impl_->channel.usable()) return pids;
+  for (std::size_t r = 0; r < impl_->processes.size(); ++r) pids.push_back(impl_->processes.pid(r));
   return pids;
 }
 

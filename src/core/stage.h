@@ -1,0 +1,63 @@
+// The reduction's second stage: what happens to a step after this node's
+// workers summed their slots into the result. On one node it is nothing (the
+// LocalStage below); across nodes (src/multinode) the node parents combine
+// their totals and results with one another. The parent's step calls it the
+// same way whatever the topology, as c10d's Reducer is blind to it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace gradagg::detail {
+
+// Where this node's workers sit among all workers.
+struct Placement {
+  int node = 0;
+  int nodes = 1;
+  int worker_offset = 0;   // workers on lower nodes
+  int global_workers = 0;  // on every node
+  // The workers divide by the weight total themselves (one node), or leave
+  // sum_i n_i g_i for the stage to divide after combining (several).
+  bool normalize = true;
+};
+
+// A step's outcome: this node's after its workers reduced; everyone's after
+// the stage.
+struct StepTotals {
+  bool failed = false;      // a worker failed (after the stage: on some node)
+  bool non_finite = false;  // a gradient or loss was NaN or infinite (idem)
+  double weight_total = 0;  // D: the samples, or one per worker with equal weighting
+  double loss = 0;          // the weighted mean loss
+  std::int64_t samples = 0;
+};
+
+class ReductionStage {
+ public:
+  virtual ~ReductionStage() = default;
+  virtual Placement placement() const = 0;
+  // Before step `step` is commanded (across nodes: the periodic parameter
+  // checksum). Throws NodeFailed.
+  virtual void beforeStep(std::int64_t step) = 0;
+  // After this node's workers reduced into result region `result`. Combines the
+  // totals; when no node failed, also the result (left as the mean gradient)
+  // and `any_grad` (per parameter: in, this node's flags; out, every node's).
+  // Throws NodeFailed.
+  virtual StepTotals reduce(const StepTotals& local, std::vector<std::uint8_t>& any_grad,
+                            int result) = 0;
+};
+
+// One node: the workers' result is already the mean; nothing to combine.
+class LocalStage final : public ReductionStage {
+ public:
+  explicit LocalStage(int workers) { placement_.global_workers = workers; }
+  Placement placement() const override { return placement_; }
+  void beforeStep(std::int64_t) override {}
+  StepTotals reduce(const StepTotals& local, std::vector<std::uint8_t>&, int) override {
+    return local;
+  }
+
+ private:
+  Placement placement_;
+};
+
+}  // namespace gradagg::detail
