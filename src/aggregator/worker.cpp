@@ -100,8 +100,7 @@ class Worker {
     control_.pid = static_cast<std::int32_t>(::getpid());
     at::set_num_threads(s_.threads);
     // The parameters are the parent's master values: read them, never write them.
-    s_.segment->protectReadOnly(s_.layout.snapshot_offset,
-                                s_.layout.sizes.param_bytes + s_.layout.sizes.buffer_bytes);
+    s_.segment->protectReadOnly(map_.snapshotParams(), map_.snapshotBytes());
     at::NoGradGuard no_grad;
     for (TensorEntry& b : s_.binding->buffers())
       b.tensor.set_data(viewAt(b, s_.binding->bufferRegion()).clone());

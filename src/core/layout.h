@@ -183,6 +183,7 @@ struct SegmentMap {
   }
   std::byte* snapshotParams() const { return base + layout.snapshot_offset; }
   std::byte* snapshotBuffers() const { return base + layout.snapshot_buffers_offset; }
+  std::size_t snapshotBytes() const { return layout.sizes.param_bytes + layout.sizes.buffer_bytes; }
   std::byte* result(int index) const { return base + layout.result_offset[index & 1]; }
   std::byte* slot(int rank) const { return base + layout.slotOffset(rank); }  // its gradient
   std::uint8_t* slotFlags(int rank) const {

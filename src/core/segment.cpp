@@ -42,8 +42,9 @@ Segment Segment::createAnonymous(std::size_t bytes) {
   return Segment(std::move(region));
 }
 
-void Segment::protectReadOnly(std::size_t offset, std::size_t bytes) const {
+void Segment::protectReadOnly(const std::byte* begin, std::size_t bytes) const {
   const std::size_t page = pageBytes();
+  const auto offset = static_cast<std::size_t>(begin - base());
   GRADAGG_ENFORCE(offset % page == 0 && offset + bytes <= size(), "protect [{}, +{})", offset,
                   bytes);
   const std::size_t len = (bytes + page - 1) / page * page;

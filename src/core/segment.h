@@ -26,8 +26,8 @@ class Segment {
   std::size_t size() const noexcept { return region_.get_size(); }
   explicit operator bool() const noexcept { return base() != nullptr; }
 
-  // Makes [offset, offset + bytes) of this process's view read-only (page-aligned).
-  void protectReadOnly(std::size_t offset, std::size_t bytes) const;
+  // Makes [begin, begin + bytes) of this process's view read-only (page-aligned).
+  void protectReadOnly(const std::byte* begin, std::size_t bytes) const;
 
  private:
   explicit Segment(boost::interprocess::mapped_region region) : region_(std::move(region)) {}

@@ -116,6 +116,12 @@ struct PopLayout {
   std::uint64_t payloadBytes() const {
     return sizes.param_bytes + sizes.buffer_bytes + sizes.optimizer_bytes;
   }
+  // Inside a payload (a slot's, or a private copy of one): parameters at 0,
+  // then buffers, then the optimizer state.
+  std::byte* buffersIn(std::byte* payload) const { return payload + sizes.param_bytes; }
+  std::byte* optimizerIn(std::byte* payload) const {
+    return payload + sizes.param_bytes + sizes.buffer_bytes;
+  }
 };
 
 struct alignas(kAlign) PopHeader {

@@ -96,7 +96,7 @@ class Member {
       version_ = m.version;
       score_ = m.score;
       optimizer_ = s_.fns->make_optimizer(*s_.model, hp_);
-      if (m.optimizer_bytes > 0) loadOptimizer(payload() + stateOffset(), m.optimizer_bytes);
+      if (m.optimizer_bytes > 0) loadOptimizer(s_.layout.optimizerIn(payload()), m.optimizer_bytes);
       apply();
     } else {
       hp_ = s_.initial_hp;
@@ -149,7 +149,7 @@ class Member {
     const Hyperparams before = hp_;
     loadTensors(*s_.binding, s_.layout, payload());
     if (opt_.copy_optimizer_state && d.optimizer_bytes > 0)
-      loadOptimizer(payload() + stateOffset(), d.optimizer_bytes);
+      loadOptimizer(s_.layout.optimizerIn(payload()), d.optimizer_bytes);
     Hyperparams next = opt_.copy_hyperparams ? hpFromArray(d.hp, *s_.hp_names) : hp_;
     if (opt_.explore == Explore::kPerturb) next = perturb(next, rng);
     if (opt_.explore == Explore::kResample) next = opt_.resample(next, rng);
@@ -197,7 +197,7 @@ class Member {
     if (const auto& hook = testHooks().on_publish_midway) midway = [&] { hook(s_.rank, m.version); };
     publish(area_, m, [&](std::byte* p) {
       writeTensors(*s_.binding, s_.layout, p);
-      if (!state.empty()) std::memcpy(p + stateOffset(), state.data(), state.size());
+      if (!state.empty()) std::memcpy(s_.layout.optimizerIn(p), state.data(), state.size());
     }, midway);
   }
 
@@ -241,9 +241,6 @@ class Member {
   std::byte* payload() {
     auto p = reinterpret_cast<std::uintptr_t>(buffer_.data());
     return reinterpret_cast<std::byte*>(alignUp(p, kAlign));
-  }
-  std::uint64_t stateOffset() const {
-    return s_.layout.sizes.param_bytes + s_.layout.sizes.buffer_bytes;
   }
 
   void fail(const char* what) {

@@ -41,13 +41,13 @@ Hyperparams hpFromArray(const double* values, const std::vector<std::string>& na
 void writeTensors(const ModelBinding& b, const PopLayout& l, std::byte* payload) {
   at::NoGradGuard no_grad;
   for (const auto& e : b.params()) viewAt(e, payload).copy_(e.tensor);
-  for (const auto& e : b.buffers()) viewAt(e, payload + l.sizes.param_bytes).copy_(e.tensor);
+  for (const auto& e : b.buffers()) viewAt(e, l.buffersIn(payload)).copy_(e.tensor);
 }
 
 void loadTensors(const ModelBinding& b, const PopLayout& l, std::byte* payload) {
   at::NoGradGuard no_grad;
   for (const auto& e : b.params()) e.tensor.copy_(viewAt(e, payload));
-  for (const auto& e : b.buffers()) e.tensor.copy_(viewAt(e, payload + l.sizes.param_bytes));
+  for (const auto& e : b.buffers()) e.tensor.copy_(viewAt(e, l.buffersIn(payload)));
 }
 
 }  // namespace detail::pop
@@ -244,9 +244,9 @@ struct Population::Impl {
     s.score = m.score;
     s.hyperparams = hpFromArray(m.hp, hp_names);
     for (const auto& e : binding->params()) s.parameters.push_back(viewAt(e, buf).clone());
-    for (const auto& e : binding->buffers()) s.buffers.push_back(viewAt(e, buf + layout.sizes.param_bytes).clone());
+    for (const auto& e : binding->buffers()) s.buffers.push_back(viewAt(e, layout.buffersIn(buf)).clone());
     const auto n = std::min<std::uint64_t>(m.optimizer_bytes, layout.sizes.optimizer_bytes);
-    s.optimizer_state.assign(reinterpret_cast<const char*>(buf + layout.sizes.param_bytes + layout.sizes.buffer_bytes), n);
+    s.optimizer_state.assign(reinterpret_cast<const char*>(layout.optimizerIn(buf)), n);
     return s;
   }
 
@@ -316,10 +316,10 @@ struct Population::Impl {
         for (std::size_t k = 0; k < binding->buffers().size(); ++k) {
           at::Tensor t;
           a.read(fmt::format("b{}", k), t, true);
-          viewAt(binding->buffers()[k], p + layout.sizes.param_bytes).copy_(t);
+          viewAt(binding->buffers()[k], layout.buffersIn(p)).copy_(t);
         }
         if (opt.numel() > 0)
-          std::memcpy(p + layout.sizes.param_bytes + layout.sizes.buffer_bytes, opt.data_ptr(), opt.numel());
+          std::memcpy(layout.optimizerIn(p), opt.data_ptr(), opt.numel());
       }, {});
     }
   }
