@@ -15,8 +15,8 @@
 #include <map>
 #include <string>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "fashion_train.h"
 #include "idx.h"
@@ -33,7 +33,8 @@ std::string duration(double seconds) {
                    : fmt::format("{}:{:02}", s / 60, s % 60);
 }
 
-// On a terminal (isatty): one line redrawn in place. Otherwise: a plain line every tenth of an epoch.
+// On a terminal (isatty): one line redrawn in place. Otherwise: a plain line every tenth of an
+// epoch.
 class ProgressDisplay {
  public:
   ProgressDisplay() : tty_(::isatty(STDOUT_FILENO) == 1) {}
@@ -84,11 +85,14 @@ int main(int argc, char** argv) {
                  "directory with the four Fashion-MNIST IDX files (.gz or plain)")
       ->capture_default_str();
   app.add_option("-w,--workers", config.workers, "worker processes")
-      ->check(CLI::Range(1, 256))->capture_default_str();
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
   app.add_option("-e,--epochs", config.epochs, "epochs (in all, when resuming)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("-b,--batch", config.batch, "samples per worker per step")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--lr", config.lr, "learning rate (default 1e-3 with adam, 0.1 with sgd)")
       ->check(CLI::PositiveNumber);
   app.add_option("--optimizer", config.optimizer, "adam or sgd")
@@ -98,7 +102,8 @@ int main(int argc, char** argv) {
           CLI::ignore_case));
   app.add_option("--seed", config.seed, "initial weights and data order")->capture_default_str();
   app.add_option("--hidden", config.hidden, "hidden units")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--limit", config.limit, "use the first N training samples (0: all)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--single", config.single,
@@ -106,9 +111,11 @@ int main(int argc, char** argv) {
   app.add_option("--threads", config.threads,
                  "intra-op threads per worker, or of the one process with --single "
                  "(0: gradagg's default, cores / workers; LibTorch's with --single)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--step-timeout", config.step_timeout_s, "seconds a gradagg step may take")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   config.nodes = gradagg::NodeOptions::fromEnvironment();
   app.add_option("--nodes", config.nodes.nodes, "machines taking part (GRADAGG_NNODES)");
   app.add_option("--node-rank", config.nodes.node_rank, "this machine's rank (GRADAGG_NODE_RANK)");
@@ -116,7 +123,8 @@ int main(int argc, char** argv) {
   app.add_option("--master-port", config.nodes.master_port, "its TCPStore port (MASTER_PORT)");
   app.add_option("--store", config.nodes.store_path,
                  "a FileStore path every node sees, instead (GRADAGG_STORE_PATH)");
-  app.add_option("--ifname", config.nodes.interface, "network interface for Gloo (GRADAGG_SOCKET_IFNAME)");
+  app.add_option("--ifname", config.nodes.interface,
+                 "network interface for Gloo (GRADAGG_SOCKET_IFNAME)");
   app.add_option("--metrics", metrics_path, "append a CSV line per epoch to FILE");
   app.add_option("--checkpoint", config.checkpoint,
                  "save model, optimizer, position and RNG to FILE after every epoch and on stop");
@@ -131,7 +139,8 @@ int main(int argc, char** argv) {
 
   // Ctrl-C or SIGTERM: finish the step, write the checkpoint, exit; a second one
   // kills. A SIGINT that was ignored at start (a background job of a script) stays so.
-  struct sigaction action {}, previous {};
+  struct sigaction action {
+  }, previous{};
   action.sa_handler = onInterrupt;
   action.sa_flags = SA_RESETHAND;
   sigaction(SIGTERM, &action, nullptr);
@@ -161,16 +170,17 @@ int main(int argc, char** argv) {
   callbacks.on_step = [&](const fashion::StepProgress& p) { display.step(p); };
   callbacks.on_epoch = [&](const fashion::EpochResult& r) {
     display.clear();
-    fmt::print("epoch {}/{}  train loss {:.4f}  test loss {:.4f}  test accuracy {:.4f}  "
-               "{:.1f} s ({:.1f} s training, {:.0f} samples/s)\n",
-               r.epoch + 1, config.epochs, r.train_loss, r.test_loss, r.test_accuracy,
-               r.epoch_seconds, r.train_seconds, r.samples_per_s);
+    fmt::print(
+        "epoch {}/{}  train loss {:.4f}  test loss {:.4f}  test accuracy {:.4f}  "
+        "{:.1f} s ({:.1f} s training, {:.0f} samples/s)\n",
+        r.epoch + 1, config.epochs, r.train_loss, r.test_loss, r.test_accuracy, r.epoch_seconds,
+        r.train_seconds, r.samples_per_s);
     std::fflush(stdout);
     if (metrics.is_open()) {
-      metrics << fmt::format("{},{:.6f},{:.6f},{:.4f},{:.3f},{:.3f},{:.1f},{},{},{}\n",
-                             r.epoch + 1, r.train_loss, r.test_loss, r.test_accuracy,
-                             r.train_seconds, r.epoch_seconds, r.samples_per_s,
-                             config.single ? "single" : "gradagg", config.workers, config.batch);
+      metrics << fmt::format("{},{:.6f},{:.6f},{:.4f},{:.3f},{:.3f},{:.1f},{},{},{}\n", r.epoch + 1,
+                             r.train_loss, r.test_loss, r.test_accuracy, r.train_seconds,
+                             r.epoch_seconds, r.samples_per_s, config.single ? "single" : "gradagg",
+                             config.workers, config.batch);
       metrics.flush();
     }
   };

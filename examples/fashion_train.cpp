@@ -39,8 +39,8 @@ Net makeNet(std::int64_t inputs, std::int64_t hidden, std::uint64_t seed) {
 }
 
 torch::Tensor epochOrder(std::int64_t n, std::uint64_t seed, std::int64_t epoch) {
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(
-      seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(epoch) + 1);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed * 0x9E3779B97F4A7C15ull +
+                                                            static_cast<std::uint64_t>(epoch) + 1);
   return torch::randperm(n, generator, torch::kLong);
 }
 
@@ -70,7 +70,9 @@ std::pair<std::int64_t, std::int64_t> rowsOf(const EpochPlan& plan, int workers,
   return {start + plan.tail * rank / workers, start + plan.tail * (rank + 1) / workers};
 }
 
-const char* optimizerName(OptimizerKind kind) { return kind == OptimizerKind::kAdam ? "adam" : "sgd"; }
+const char* optimizerName(OptimizerKind kind) {
+  return kind == OptimizerKind::kAdam ? "adam" : "sgd";
+}
 
 namespace {
 
@@ -86,17 +88,17 @@ double secondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-torch::Tensor crossEntropy(const torch::Tensor& logits, const torch::Tensor& labels,
-                           torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction =
-                               torch::kMean) {
+torch::Tensor crossEntropy(
+    const torch::Tensor& logits, const torch::Tensor& labels,
+    torch::nn::functional::CrossEntropyFuncOptions::reduction_t reduction = torch::kMean) {
   namespace F = torch::nn::functional;
   return F::cross_entropy(logits, labels, F::CrossEntropyFuncOptions().reduction(reduction));
 }
 
 // Where the run is: what a checkpoint holds besides the model and optimizer.
 struct Progress {
-  std::int64_t step = 0;           // steps done in all
-  double epoch_loss_sum = 0;       // sum of loss * samples over the current epoch's steps
+  std::int64_t step = 0;      // steps done in all
+  double epoch_loss_sum = 0;  // sum of loss * samples over the current epoch's steps
   std::int64_t epoch_samples = 0;
   double epoch_train_seconds = 0;
 };
@@ -251,7 +253,8 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
     const idx::MnistDir data = idx::readMnistDir(config.data_dir, kClasses);
     available = static_cast<std::int64_t>(data.train.images.items());
     const std::int64_t keep = config.limit > 0 ? std::min(config.limit, available) : available;
-    train_images = idx::toTensor(data.train.images).reshape({available, -1}).slice(0, 0, keep).clone();
+    train_images =
+        idx::toTensor(data.train.images).reshape({available, -1}).slice(0, 0, keep).clone();
     train_labels = idx::labelsAsLong(data.train.labels).slice(0, 0, keep).clone();
     test_inputs = idx::imagesAsFloatRows(data.test.images);
     test_labels = idx::labelsAsLong(data.test.labels);
@@ -281,8 +284,8 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   const std::int64_t first_epoch = first_step / plan.steps;
 
   info("Fashion-MNIST from " + config.data_dir + ": " + std::to_string(n) + " training images" +
-       (n < available ? " (the first of " + std::to_string(available) + ")" : "") +
-       ", " + std::to_string(test_inputs.size(0)) + " test images");
+       (n < available ? " (the first of " + std::to_string(available) + ")" : "") + ", " +
+       std::to_string(test_inputs.size(0)) + " test images");
   info(std::string(config.single ? "one process, batch " : "gradagg, ") +
        (config.single ? std::to_string(workers * batch)
                       : std::to_string(workers) + " workers x batch " + std::to_string(batch)) +
@@ -298,7 +301,8 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
 
   // Every epoch's order is drawn here, before the fork: read-only in the workers.
   std::vector<torch::Tensor> orders;
-  for (std::int64_t e = first_epoch; e < config.epochs; ++e) orders.push_back(epochOrder(n, config.seed, e));
+  for (std::int64_t e = first_epoch; e < config.epochs; ++e)
+    orders.push_back(epochOrder(n, config.seed, e));
 
   // The rows that `rank` (-1: all) takes at global step `step`.
   auto batchOf = [&](std::int64_t step, int rank) {
@@ -337,7 +341,8 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
     double loss = 0;
     std::int64_t samples = 0;
     if (aggregator) {
-      const gradagg::StepReport& report = aggregator->step();  // .grad = mean over all workers' samples
+      const gradagg::StepReport& report =
+          aggregator->step();  // .grad = mean over all workers' samples
       optimizer->step();
       loss = report.loss;
       samples = report.samples;

@@ -34,23 +34,24 @@ enum class OptimizerKind { kAdam, kSgd };
 
 struct TrainConfig {
   std::string data_dir = idx::kDebianFashionMnistDir;
-  int workers = 2;           // gradagg workers; with `single`, only sizes the global batch
-  int epochs = 5;            // train until this many epochs are done (counting resumed ones)
-  int batch = 32;            // samples per worker per step
+  int workers = 2;  // gradagg workers; with `single`, only sizes the global batch
+  int epochs = 5;   // train until this many epochs are done (counting resumed ones)
+  int batch = 32;   // samples per worker per step
   double lr = 1e-3;
   OptimizerKind optimizer = OptimizerKind::kAdam;
-  std::uint64_t seed = 1;    // initial weights and the data order
+  std::uint64_t seed = 1;  // initial weights and the data order
   int hidden = 64;
-  std::int64_t limit = 0;    // use the first `limit` training samples; 0: all
-  bool single = false;       // train in this process (batch workers * batch), no gradagg
-  int step_timeout_s = 60;   // gradagg's deadline for a step (Options::step_timeout)
-  int threads = 0;           // intra-op threads per worker (or of the one process); 0: default
+  std::int64_t limit = 0;   // use the first `limit` training samples; 0: all
+  bool single = false;      // train in this process (batch workers * batch), no gradagg
+  int step_timeout_s = 60;  // gradagg's deadline for a step (Options::step_timeout)
+  int threads = 0;          // intra-op threads per worker (or of the one process); 0: default
   // Several machines, each with `workers` workers: the data split counts
   // workers * nodes.nodes in all (every node the same count) and worker r of
   // node k is global worker k * workers + r. Every node evaluates and prints.
   gradagg::NodeOptions nodes;
 
-  std::string checkpoint;             // written at each epoch end, every `checkpoint_every` steps and when stopping
+  std::string
+      checkpoint;  // written at each epoch end, every `checkpoint_every` steps and when stopping
   std::int64_t checkpoint_every = 0;  // steps; 0: only at epoch ends and when stopping
   std::string resume;                 // checkpoint to continue from
   std::int64_t stop_after = 0;        // stop once this many steps (in all) are done; 0: never
@@ -58,27 +59,27 @@ struct TrainConfig {
 
 // A snapshot after each step, for a progress display.
 struct StepProgress {
-  int epoch = 0;                   // 0-based
+  int epoch = 0;  // 0-based
   int epochs = 0;
   std::int64_t step_in_epoch = 0;  // steps done in this epoch (1 after its first)
   std::int64_t steps_per_epoch = 0;
-  std::int64_t step = 0;           // steps done in all
+  std::int64_t step = 0;  // steps done in all
   std::int64_t total_steps = 0;
-  double loss = 0;                 // this step's mean training loss
-  double epoch_loss = 0;           // mean training loss of the epoch so far
-  double samples_per_s = 0;        // training throughput of the epoch so far
-  double eta_s = 0;                // estimated time to the end of the run
+  double loss = 0;           // this step's mean training loss
+  double epoch_loss = 0;     // mean training loss of the epoch so far
+  double samples_per_s = 0;  // training throughput of the epoch so far
+  double eta_s = 0;          // estimated time to the end of the run
 };
 
 struct EpochResult {
-  int epoch = 0;  // 0-based
-  double train_loss = 0;       // mean over the epoch's training samples
-  double test_loss = 0;        // mean over the test set, after the epoch
+  int epoch = 0;          // 0-based
+  double train_loss = 0;  // mean over the epoch's training samples
+  double test_loss = 0;   // mean over the test set, after the epoch
   double test_accuracy = 0;
-  double train_seconds = 0;    // the steps only (no evaluation)
-  double epoch_seconds = 0;    // steps and evaluation
-  double samples_per_s = 0;    // training samples / train_seconds
-  std::int64_t samples = 0;    // training samples seen in the epoch
+  double train_seconds = 0;  // the steps only (no evaluation)
+  double epoch_seconds = 0;  // steps and evaluation
+  double samples_per_s = 0;  // training samples / train_seconds
+  std::int64_t samples = 0;  // training samples seen in the epoch
 };
 
 struct Parameter {
@@ -88,10 +89,10 @@ struct Parameter {
 };
 
 struct TrainResult {
-  std::vector<EpochResult> epochs;   // the epochs finished in this call
-  std::int64_t steps = 0;            // steps done in all, resumed ones included
-  bool stopped = false;              // stopped early (stop_after or should_stop)
-  std::vector<Parameter> parameters; // the final model
+  std::vector<EpochResult> epochs;    // the epochs finished in this call
+  std::int64_t steps = 0;             // steps done in all, resumed ones included
+  bool stopped = false;               // stopped early (stop_after or should_stop)
+  std::vector<Parameter> parameters;  // the final model
   std::int64_t train_samples = 0, test_samples = 0;
 };
 

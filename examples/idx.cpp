@@ -76,8 +76,10 @@ std::string findFile(const std::string& dir, const std::string& name) {
     message += std::string(" (it comes with the Debian package ") + kDebianFashionMnistPackage +
                ": apt-get install " + kDebianFashionMnistPackage + ")";
   } else {
-    message += " (expected train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
-               "t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz in " + dir + ")";
+    message +=
+        " (expected train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
+        "t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz in " +
+        dir + ")";
   }
   throw Error("idx: " + message);
 }
@@ -152,9 +154,11 @@ void writeIdx(const std::string& path, const IdxArray& array, bool gzip) {
     throw Error(path + ": writeIdx: dims (" + dimsText(array.dims) + ") do not match " +
                 std::to_string(array.data.size()) + " bytes of data");
   }
-  std::vector<std::uint8_t> out = {0, 0, kUnsignedByte, static_cast<std::uint8_t>(array.dims.size())};
+  std::vector<std::uint8_t> out = {0, 0, kUnsignedByte,
+                                   static_cast<std::uint8_t>(array.dims.size())};
   for (auto d : array.dims) {
-    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<std::uint8_t>(d >> shift));
+    for (int shift = 24; shift >= 0; shift -= 8)
+      out.push_back(static_cast<std::uint8_t>(d >> shift));
   }
   out.insert(out.end(), array.data.begin(), array.data.end());
 
@@ -175,8 +179,8 @@ LabelledImages readLabelledImages(const std::string& images_path, const std::str
                                   int classes) {
   LabelledImages set{readIdx(images_path), readIdx(labels_path)};
   if (set.images.dims.size() != 3) {
-    fail(images_path, "expected images (3 dimensions: n x rows x cols), got " +
-                          dimsText(set.images.dims));
+    fail(images_path,
+         "expected images (3 dimensions: n x rows x cols), got " + dimsText(set.images.dims));
   }
   if (set.labels.dims.size() != 1) {
     fail(labels_path, "expected labels (1 dimension), got " + dimsText(set.labels.dims));

@@ -45,8 +45,8 @@ struct LabelledImages {
   IdxArray images;  // {n, rows, cols}
   IdxArray labels;  // {n}
 };
-LabelledImages readLabelledImages(const std::string& images_path,
-                                  const std::string& labels_path, int classes = 10);
+LabelledImages readLabelledImages(const std::string& images_path, const std::string& labels_path,
+                                  int classes = 10);
 
 // An MNIST-layout directory: train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz,
 // t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz (also accepted without .gz).

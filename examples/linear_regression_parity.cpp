@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <stdexcept>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <torch/torch.h>
+#include <CLI/CLI.hpp>
 
 #include <gradagg/gradagg.h>
 
@@ -32,9 +32,11 @@ int main(int argc, char** argv) {
   app.add_option("-s,--steps", steps, "SGD steps")->check(CLI::NonNegativeNumber);
   app.add_option("--nodes", nodes.nodes, "machines taking part (GRADAGG_NNODES)");
   app.add_option("--node-rank", nodes.node_rank, "this machine's rank (GRADAGG_NODE_RANK)");
-  app.add_option("--master-addr", nodes.master_addr, "node 0's address, for the TCPStore (MASTER_ADDR)");
+  app.add_option("--master-addr", nodes.master_addr,
+                 "node 0's address, for the TCPStore (MASTER_ADDR)");
   app.add_option("--master-port", nodes.master_port, "its port (MASTER_PORT)");
-  app.add_option("--store", nodes.store_path, "a FileStore path every node sees, instead (GRADAGG_STORE_PATH)");
+  app.add_option("--store", nodes.store_path,
+                 "a FileStore path every node sees, instead (GRADAGG_STORE_PATH)");
   app.add_option("--ifname", nodes.interface, "network interface for Gloo (GRADAGG_SOCKET_IFNAME)");
   CLI11_PARSE(app, argc, argv);
 
@@ -59,16 +61,19 @@ int main(int argc, char** argv) {
   options.nodes = nodes;
   double aggregate_ms = 0;
   {
-    gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext& ctx) {
-      // Global worker g of G owns samples [4g/G, 4(g+1)/G).
-      const int64_t n = x.size(0);
-      if (ctx.global_workers > n)
-        throw std::invalid_argument("more workers in all than the 4 samples");
-      const int64_t begin = n * ctx.global_rank / ctx.global_workers;
-      const int64_t end = n * (ctx.global_rank + 1) / ctx.global_workers;
-      auto xs = x.slice(0, begin, end), ys = y.slice(0, begin, end);
-      return gradagg::ShardResult{torch::mse_loss(model->forward(xs), ys), end - begin};
-    }, options);
+    gradagg::Aggregator agg(
+        *model,
+        [&](const gradagg::ShardContext& ctx) {
+          // Global worker g of G owns samples [4g/G, 4(g+1)/G).
+          const int64_t n = x.size(0);
+          if (ctx.global_workers > n)
+            throw std::invalid_argument("more workers in all than the 4 samples");
+          const int64_t begin = n * ctx.global_rank / ctx.global_workers;
+          const int64_t end = n * (ctx.global_rank + 1) / ctx.global_workers;
+          auto xs = x.slice(0, begin, end), ys = y.slice(0, begin, end);
+          return gradagg::ShardResult{torch::mse_loss(model->forward(xs), ys), end - begin};
+        },
+        options);
     for (int s = 0; s < steps; ++s) {
       const auto& report = agg.step();
       aggregate_ms += report.total_ms;

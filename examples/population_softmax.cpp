@@ -9,10 +9,10 @@
 #include <cstdio>
 #include <string>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <torch/nn/module.h>
 #include <torch/optim/sgd.h>
+#include <CLI/CLI.hpp>
 
 #include <gradagg/population.h>
 
@@ -50,11 +50,13 @@ int main(int argc, char** argv) {
   app.add_option("--p", p, "random: probability of copying a random peer");
   app.add_option("--fraction", fraction, "truncation: bottom/top fraction");
   app.add_option("--steps", steps, "SGD steps per worker")->check(CLI::PositiveNumber);
-  app.add_option("--interval", interval, "steps between publish points")->check(CLI::PositiveNumber);
+  app.add_option("--interval", interval, "steps between publish points")
+      ->check(CLI::PositiveNumber);
   app.add_option("--batch", batch, "minibatch size")->check(CLI::PositiveNumber);
   app.add_option("--workers", workers, "population size")->check(CLI::Range(1, 16));
   app.add_option("--seed", seed, "seed of every random choice");
-  app.add_option("--lr-min", lr_min, "learning rates are drawn log-uniformly from [lr-min, lr-max]");
+  app.add_option("--lr-min", lr_min,
+                 "learning rates are drawn log-uniformly from [lr-min, lr-max]");
   app.add_option("--lr-max", lr_max);
   app.add_option("--lineage", lineage, "JSON Lines file, one line per copy (appended)");
   app.add_option("--data", data, "directory with the four Fashion-MNIST IDX files");
@@ -82,7 +84,8 @@ int main(int argc, char** argv) {
         {"lr", std::exp(std::log(lr_min) + rng.uniform() * (std::log(lr_max) - std::log(lr_min)))}};
   };
   fns.make_optimizer = [](torch::nn::Module& m, const gradagg::Hyperparams& hp) {
-    return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(hp.at("lr")));
+    return std::make_unique<torch::optim::SGD>(m.parameters(),
+                                               torch::optim::SGDOptions(hp.at("lr")));
   };
   fns.train_step = [&](const gradagg::MemberContext& c) {
     const auto start = static_cast<std::int64_t>(c.rng->below(50000 - static_cast<int>(batch)));
@@ -106,14 +109,14 @@ int main(int argc, char** argv) {
                                                  : gradagg::Policy::none();
   gradagg::Population population(*model, fns, options);
   std::size_t copies = 0;
-  for (std::int64_t done = 0; done < steps; done += interval) copies += population.generation().size();
+  for (std::int64_t done = 0; done < steps; done += interval)
+    copies += population.generation().size();
 
   // Score every member's final snapshot on the test set, here in the parent.
   double best = 0, mean = 0;
   int best_rank = 0;
-  std::printf("policy %s, %d workers, %ld steps each, %zu copies\n",
-              options.policy.name().c_str(), workers,
-              static_cast<long>(population.snapshot(0).step), copies);
+  std::printf("policy %s, %d workers, %ld steps each, %zu copies\n", options.policy.name().c_str(),
+              workers, static_cast<long>(population.snapshot(0).step), copies);
   for (int r = 0; r < workers; ++r) {
     const gradagg::MemberSnapshot s = population.snapshot(r);
     Softmax m;

@@ -13,8 +13,8 @@ namespace gradagg {
 // Where a worker is. Written by the worker as it moves; named in errors.
 enum class Phase : std::uint32_t {
   // Both modes:
-  kStarting,         // forked, setting up its replica
-  kWaiting,          // idle, waiting for the parent's next command
+  kStarting,  // forked, setting up its replica
+  kWaiting,   // idle, waiting for the parent's next command
   // The aggregator's workers:
   kLoadingSnapshot,  // copying the parent's buffers, clearing its slot
   kShard,            // running the user's shard function (forward, loss)
@@ -23,10 +23,10 @@ enum class Phase : std::uint32_t {
   kReducing,         // summing a range of the gradient over all slots
   kStopping,         // told to exit (both modes)
   // Population mode (a member's phases; it never loads a shared snapshot):
-  kTraining,         // running train_step
-  kScoring,          // running score
-  kPublishing,       // writing a snapshot of its state
-  kExploiting,       // reading peers' scores, copying a donor, exploring
+  kTraining,    // running train_step
+  kScoring,     // running score
+  kPublishing,  // writing a snapshot of its state
+  kExploiting,  // reading peers' scores, copying a donor, exploring
 };
 const char* phaseName(Phase phase);
 
@@ -90,7 +90,7 @@ class WorkerDied : public WorkerError {
   WorkerDied(const std::string& what, int rank, Phase phase, int exit_status, int signal)
       : WorkerError(what, rank, phase), exit_status_(exit_status), signal_(signal) {}
   int exitStatus() const noexcept { return exit_status_; }  // -1 when killed by a signal
-  int signal() const noexcept { return signal_; }            // 0 when it exited
+  int signal() const noexcept { return signal_; }           // 0 when it exited
  private:
   int exit_status_;
   int signal_;

@@ -40,8 +40,8 @@ class DecisionRng {
   explicit DecisionRng(std::uint64_t state) : state_(state) {}
   static DecisionRng derive(std::uint64_t seed, int rank, std::int64_t step, std::uint64_t stream);
   std::uint64_t next();
-  double uniform();   // [0, 1), 53 bits
-  int below(int n);   // uniform in [0, n), n > 0
+  double uniform();  // [0, 1), 53 bits
+  int below(int n);  // uniform in [0, n), n > 0
 
  private:
   std::uint64_t state_;
@@ -94,21 +94,21 @@ enum class Explore {
 Hyperparams perturb(const Hyperparams& hp, DecisionRng& rng);
 
 struct PopulationOptions {
-  int workers = 4;                       // 1..kMaxWorkers
-  std::int64_t publish_interval = 10;    // K: train steps per generation
+  int workers = 4;                     // 1..kMaxWorkers
+  std::int64_t publish_interval = 10;  // K: train steps per generation
   std::uint64_t seed = 0;
-  bool higher_is_better = false;         // score: accuracy (true) or loss (false)
+  bool higher_is_better = false;  // score: accuracy (true) or loss (false)
   Policy policy = Policy::none();
-  std::int64_t ready_interval = 0;       // steps since a member's last copy before it may copy again
-  bool copy_optimizer_state = true;      // needs optimizer_state_bytes > 0
+  std::int64_t ready_interval = 0;   // steps since a member's last copy before it may copy again
+  bool copy_optimizer_state = true;  // needs optimizer_state_bytes > 0
   bool copy_hyperparams = true;
   Explore explore = Explore::kPerturb;
   std::function<Hyperparams(const Hyperparams&, DecisionRng&)> resample;  // for kResample
   // Bytes reserved per snapshot for the serialized optimizer state (torch::save);
   // 0: the optimizer state is neither published, copied nor checkpointed.
   std::size_t optimizer_state_bytes = std::size_t{1} << 20;
-  std::string lineage_path;  // JSON Lines, one line per copy, appended by the parent
-  std::string resume_from;   // a checkpoint() file: every member starts from it
+  std::string lineage_path;    // JSON Lines, one line per copy, appended by the parent
+  std::string resume_from;     // a checkpoint() file: every member starts from it
   int threads_per_worker = 0;  // 0: max(1, cores / workers)
   std::chrono::milliseconds step_timeout{std::chrono::minutes(5)};  // per generation phase
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(2)};
@@ -127,10 +127,10 @@ struct PopulationOptions {
 struct MemberContext {
   int rank = 0;
   int workers = 1;
-  std::int64_t step = 0;          // steps this member trained so far
+  std::int64_t step = 0;  // steps this member trained so far
   const Hyperparams* hyperparams = nullptr;
   torch::optim::Optimizer* optimizer = nullptr;
-  DecisionRng* rng = nullptr;     // derived from (seed, rank, step)
+  DecisionRng* rng = nullptr;  // derived from (seed, rank, step)
 };
 
 struct PopulationFns {
@@ -158,7 +158,7 @@ struct CopyEvent {
   int worker = 0;
   int donor = 0;
   std::uint64_t donor_version = 0;
-  double score = 0;        // the worker's own score before the copy
+  double score = 0;  // the worker's own score before the copy
   double donor_score = 0;
   Hyperparams before, after;
 };
@@ -173,7 +173,7 @@ struct MemberSnapshot {
   Hyperparams hyperparams;
   std::vector<at::Tensor> parameters;  // cloned, in named_parameters() order
   std::vector<at::Tensor> buffers;
-  std::string optimizer_state;         // torch::save bytes, empty when not kept
+  std::string optimizer_state;  // torch::save bytes, empty when not kept
 };
 
 class Population {

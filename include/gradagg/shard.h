@@ -11,9 +11,9 @@ namespace gradagg {
 
 // What a shard function is told: who it is and which step it computes.
 struct ShardContext {
-  int rank = 0;            // 0..workers-1, on this node
-  int workers = 1;         // on this node
-  std::int64_t step = 0;   // 0 for the first step
+  int rank = 0;           // 0..workers-1, on this node
+  int workers = 1;        // on this node
+  std::int64_t step = 0;  // 0 for the first step
   // Across nodes (NodeOptions): pick the shard by these; equal to rank and
   // workers on a single node.
   int global_rank = 0;     // workers of lower nodes + rank

@@ -7,31 +7,31 @@
 namespace gradagg {
 
 struct WorkerReport {
-  double loss = 0;          // the loss the shard function returned
-  std::int64_t samples = 0; // the sample count the shard function returned
-  double wake_ms = 0;       // from the parent's command to this worker starting the step
-  double load_ms = 0;       // loading the snapshot (buffers, clearing the slot)
-  double shard_ms = 0;      // user's shard function (forward and loss)
-  double backward_ms = 0;   // autograd into the slot
-  double write_ms = 0;      // checking the slot (shapes, finiteness), loss and buffers
-  double barrier_ms = 0;    // waiting for the other workers' slots
-  double reduce_ms = 0;     // summing this worker's range over all slots
+  double loss = 0;           // the loss the shard function returned
+  std::int64_t samples = 0;  // the sample count the shard function returned
+  double wake_ms = 0;        // from the parent's command to this worker starting the step
+  double load_ms = 0;        // loading the snapshot (buffers, clearing the slot)
+  double shard_ms = 0;       // user's shard function (forward and loss)
+  double backward_ms = 0;    // autograd into the slot
+  double write_ms = 0;       // checking the slot (shapes, finiteness), loss and buffers
+  double barrier_ms = 0;     // waiting for the other workers' slots
+  double reduce_ms = 0;      // summing this worker's range over all slots
 };
 
 struct StepReport {
-  std::int64_t step = 0;     // 0 for the first step
-  double loss = 0;           // mean of the worker losses with the step's weights
-  std::int64_t samples = 0;  // sum over workers
-  double publish_ms = 0;     // parent: checking the snapshot (and, across nodes, the checksum)
-  double compute_ms = 0;     // parent: from the command until every range is reduced
-  double reduce_ms = 0;      // the slowest worker's reduce_ms (the sum runs in the workers)
-  double node_ms = 0;        // across nodes: the node parents' collectives (0 on one node)
-  double apply_ms = 0;       // parent: pointing .grad at the result, buffers, this report
-  double total_ms = 0;       // the whole step() call
+  std::int64_t step = 0;      // 0 for the first step
+  double loss = 0;            // mean of the worker losses with the step's weights
+  std::int64_t samples = 0;   // sum over workers
+  double publish_ms = 0;      // parent: checking the snapshot (and, across nodes, the checksum)
+  double compute_ms = 0;      // parent: from the command until every range is reduced
+  double reduce_ms = 0;       // the slowest worker's reduce_ms (the sum runs in the workers)
+  double node_ms = 0;         // across nodes: the node parents' collectives (0 on one node)
+  double apply_ms = 0;        // parent: pointing .grad at the result, buffers, this report
+  double total_ms = 0;        // the whole step() call
   bool skipped = false;       // NonFinitePolicy::kSkipStep skipped this step
   int consecutive_skips = 0;  // skipped steps in a row, this one included
   std::int64_t skipped_total = 0;
-  int restarts = 0;           // worker-group restarts so far (Options::max_restarts)
+  int restarts = 0;                   // worker-group restarts so far (Options::max_restarts)
   std::vector<WorkerReport> workers;  // by rank
 };
 

@@ -61,7 +61,8 @@ std::vector<FlatTensor> flatParams(const ModelBinding& binding) {
 
 std::vector<WorkerWords> workerWords(const SegmentMap& map, int workers) {
   std::vector<WorkerWords> words;
-  for (int r = 0; r < workers; ++r) words.push_back({&map.control(r).phase, &map.control(r).done_seq});
+  for (int r = 0; r < workers; ++r)
+    words.push_back({&map.control(r).phase, &map.control(r).done_seq});
   return words;
 }
 }  // namespace
@@ -75,10 +76,10 @@ struct Aggregator::Impl {
   Segment segment;
   ModelBinding binding;
   SegmentMap map;
-  std::vector<FlatTensor> flat;        // the parameters as the reduction sees them
-  std::vector<ByteRange> ranges;       // worker r reduces ranges[r]
+  std::vector<FlatTensor> flat;                    // the parameters as the reduction sees them
+  std::vector<ByteRange> ranges;                   // worker r reduces ranges[r]
   std::vector<const c10::TensorImpl*> param_list;  // model.parameters() at construction
-  std::unique_ptr<ReductionStage> stage;  // the second stage: LocalStage or CrossNode
+  std::unique_ptr<ReductionStage> stage;           // the second stage: LocalStage or CrossNode
   std::unique_ptr<Applier> apply;
   ProcessSet processes;
   ParentChannel channel;
@@ -271,9 +272,9 @@ struct Aggregator::Impl {
     const int k = map.control(r).bad_param;
     const std::string param = k >= 0 ? binding.params()[k].name : "";
     const std::string message = map.control(r).message;
-    throw NonFiniteGradient(fmt::format("gradagg: worker {} in step {}: {}{}", r, steps_done,
-                                        message, why),
-                            r, Phase::kWritingSlot, message, param);
+    throw NonFiniteGradient(
+        fmt::format("gradagg: worker {} in step {}: {}{}", r, steps_done, message, why), r,
+        Phase::kWritingSlot, message, param);
   }
 
   void shutdown() noexcept {

@@ -86,9 +86,9 @@ void Applier::report(StepReport& report, std::int64_t step, const StepTotals& to
   report.reduce_ms = 0;
   for (int r = 0; r < workers_; ++r) {
     const WorkerControl& c = segment_.control(r);
-    report.workers[r] = WorkerReport{c.loss,     c.samples,     c.wake_ms,  c.load_ms,
-                                     c.shard_ms, c.backward_ms, c.write_ms, c.barrier_ms,
-                                     c.reduce_ms};
+    report.workers[r] =
+        WorkerReport{c.loss,        c.samples,  c.wake_ms,    c.load_ms,  c.shard_ms,
+                     c.backward_ms, c.write_ms, c.barrier_ms, c.reduce_ms};
     report.reduce_ms = std::max(report.reduce_ms, c.reduce_ms);
   }
   report.publish_ms = Ms(times.command - times.begin).count();

@@ -29,10 +29,10 @@ struct LocalOutcome {
 
 // When the parent's step passed its marks (for the report).
 struct StepTimes {
-  Clock::time_point begin;     // step() called
-  Clock::time_point command;   // just before the command
-  Clock::time_point reduced;   // every worker arrived on `reduced`
-  double node_ms = 0;          // the reduction's second stage
+  Clock::time_point begin;    // step() called
+  Clock::time_point command;  // just before the command
+  Clock::time_point reduced;  // every worker arrived on `reduced`
+  double node_ms = 0;         // the reduction's second stage
 };
 
 class Applier {
@@ -63,8 +63,8 @@ class Applier {
   int workers_ = 0;
   std::vector<at::Tensor> result_views_[2];  // per parameter, into each result
   std::vector<std::uint8_t> any_grad_;
-  std::vector<double> weights_;              // this step's, by rank
-  std::vector<const void*> inputs_;          // reused by the buffer mean
+  std::vector<double> weights_;      // this step's, by rank
+  std::vector<const void*> inputs_;  // reused by the buffer mean
 };
 
 }  // namespace gradagg::detail

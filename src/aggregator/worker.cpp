@@ -155,8 +155,7 @@ class Worker {
     // Past this point the slot is complete: the reduction phase begins.
     try {
       enter(Phase::kReducing);
-    } catch (...) {
-    }
+    } catch (...) {}
     if (channel_.arrive(header_.computed) == 1) close();  // the N-th of N + 1: the closer
   }
 
@@ -193,7 +192,8 @@ class Worker {
     if (!r.loss.defined())
       throw InvalidArgument("the shard function returned no loss (undefined tensor)");
     if (r.loss.numel() != 1)
-      throw InvalidArgument(fmt::format("the loss must be a scalar, got {}", describeTensor(r.loss)));
+      throw InvalidArgument(
+          fmt::format("the loss must be a scalar, got {}", describeTensor(r.loss)));
     if (!r.loss.requires_grad())
       throw InvalidArgument(
           "the loss does not require grad (computed under NoGradGuard, detached, or from "
@@ -241,13 +241,13 @@ class Worker {
       if (flags_[k] == 0 || allFinite(flat[k].type, slot_ + flat[k].offset, flat[k].count))
         continue;
       control_.bad_param = static_cast<std::int32_t>(k);
-      throw NonFiniteGradient(
-          fmt::format("parameter '{}' has a non-finite gradient (loss {})",
-                      s_.binding->params()[k].name, control_.loss),
-          s_.rank, Phase::kWritingSlot, "", s_.binding->params()[k].name);
+      throw NonFiniteGradient(fmt::format("parameter '{}' has a non-finite gradient (loss {})",
+                                          s_.binding->params()[k].name, control_.loss),
+                              s_.rank, Phase::kWritingSlot, "", s_.binding->params()[k].name);
     }
-    if (!std::isfinite(control_.loss)) throw NonFiniteGradient(
-        fmt::format("the loss is {}", control_.loss), s_.rank, Phase::kWritingSlot, "", "");
+    if (!std::isfinite(control_.loss))
+      throw NonFiniteGradient(fmt::format("the loss is {}", control_.loss), s_.rank,
+                              Phase::kWritingSlot, "", "");
   }
 
   // The closer: the worker that took the N-th from `computed` (the parent set
@@ -264,8 +264,7 @@ class Worker {
     const bool equal = s_.options->weighting == Weighting::kEqual;
     double total = 0;
     for (int r = 0; r < n_; ++r) total += equal ? 1.0 : static_cast<double>(samples_[r]);
-    if (ok)
-      computeWeights(equal, samples_.data(), n_, weights_.data(), s_.placement.normalize);
+    if (ok) computeWeights(equal, samples_.data(), n_, weights_.data(), s_.placement.normalize);
     for (int r = 0; r < n_; ++r) map_.control(r).weight = ok ? weights_[r] : 0.0;
     header_.weight_total = ok ? total : 0.0;
     header_.step_ok = ok ? 1 : 0;

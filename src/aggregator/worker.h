@@ -19,17 +19,17 @@ namespace gradagg::detail {
 struct WorkerSetup {
   int rank = 0;
   int threads = 1;
-  const Segment* segment = nullptr;       // inherited mapping, same address as the parent's
-  Layout layout;                          // what the parent planned, to check the header against
-  ModelBinding* binding = nullptr;        // this process's copy (fork): its replica's tensors
-  torch::nn::Module* model = nullptr;     // the replica
+  const Segment* segment = nullptr;    // inherited mapping, same address as the parent's
+  Layout layout;                       // what the parent planned, to check the header against
+  ModelBinding* binding = nullptr;     // this process's copy (fork): its replica's tensors
+  torch::nn::Module* model = nullptr;  // the replica
   const ShardFn* shard = nullptr;
   const Options* options = nullptr;
   const std::vector<FlatTensor>* flat = nullptr;  // the parameters as the reduction sees them
-  ByteRange range;                        // this worker's range of the flat gradient
-  std::uint32_t start_seq = 0;            // command_seq when this worker was forked
+  ByteRange range;                                // this worker's range of the flat gradient
+  std::uint32_t start_seq = 0;                    // command_seq when this worker was forked
   pid_t parent = 0;
-  Placement placement;                    // among every node's workers
+  Placement placement;  // among every node's workers
 };
 
 // Runs in the child (ProcessSet::spawn's fresh thread) and returns its exit status.

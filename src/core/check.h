@@ -6,11 +6,11 @@
 
 #include <gradagg/errors.h>
 
-#define GRADAGG_ENFORCE(cond, ...)                                                 \
-  do {                                                                             \
-    if (!(cond)) {                                                                 \
+#define GRADAGG_ENFORCE(cond, ...)                                                           \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
       throw ::gradagg::InternalError(fmt::format("gradagg internal error at {}:{}: {} ({})", \
-                                                 __FILE__, __LINE__, #cond,        \
-                                                 fmt::format(__VA_ARGS__)));       \
-    }                                                                              \
+                                                 __FILE__, __LINE__, #cond,                  \
+                                                 fmt::format(__VA_ARGS__)));                 \
+    }                                                                                        \
   } while (0)

@@ -73,8 +73,8 @@ void ParentChannel::command(std::initializer_list<ArriveLine> lines) {
   futexWakeAll(*command_seq_);
 }
 
-void ParentChannel::await(const std::atomic<std::uint32_t>& line,
-                          std::chrono::milliseconds timeout, const Awaited& what) {
+void ParentChannel::await(const std::atomic<std::uint32_t>& line, std::chrono::milliseconds timeout,
+                          const Awaited& what) {
   const auto deadline = Clock::now() + timeout;
   spinUntilEqual(line, 0, kSpin);
   for (;;) {
@@ -99,10 +99,10 @@ void ParentChannel::checkAlive(const Awaited& what) {
     if (!exit) continue;
     if (on_death_ && on_death_(k, *exit)) continue;
     const Phase phase = phaseOf(k);
-    const std::string msg = fmt::format(
-        "gradagg: {} {} (pid {}) {} in phase '{}' during {}; the other {} were stopped",
-        names_.worker, k, processes_->pid(static_cast<std::size_t>(k)), exit->describe(),
-        phaseName(phase), what.describe(), names_.workers);
+    const std::string msg =
+        fmt::format("gradagg: {} {} (pid {}) {} in phase '{}' during {}; the other {} were stopped",
+                    names_.worker, k, processes_->pid(static_cast<std::size_t>(k)),
+                    exit->describe(), phaseName(phase), what.describe(), names_.workers);
     stop(msg);
     throw WorkerDied(msg, k, phase, exit->exit_status, exit->signal);
   }
@@ -126,8 +126,7 @@ void ParentChannel::stop(const std::string& reason) noexcept {
   if (usable_) {
     try {
       reason_ = reason;
-    } catch (...) {
-    }
+    } catch (...) {}
   }
   usable_ = false;
 }
@@ -139,8 +138,7 @@ void ParentChannel::shutdown(const std::function<void()>& stop_command,
     try {
       stop_command();
       processes_->waitAll(grace);
-    } catch (...) {
-    }
+    } catch (...) {}
   }
   stop("it was shut down");
 }

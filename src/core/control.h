@@ -56,8 +56,8 @@ struct ArriveLine {
 // "generation 2 (exploit, explore)"): plain data, so a wait allocates nothing.
 struct Awaited {
   const char* name = "start-up";
-  std::int64_t number = -1;   // < 0: none
-  const char* detail = "";    // appended in parentheses when not empty
+  std::int64_t number = -1;  // < 0: none
+  const char* detail = "";   // appended in parentheses when not empty
   std::string describe() const;
 };
 

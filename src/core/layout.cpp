@@ -31,9 +31,9 @@ bool Layout::operator==(const Layout& o) const {
          snapshot_offset == o.snapshot_offset &&
          snapshot_buffers_offset == o.snapshot_buffers_offset &&
          result_offset[0] == o.result_offset[0] && result_offset[1] == o.result_offset[1] &&
-         slots_offset == o.slots_offset &&
-         slot_bytes == o.slot_bytes && slot_flags_offset == o.slot_flags_offset &&
-         slot_buffers_offset == o.slot_buffers_offset && segment_bytes == o.segment_bytes;
+         slots_offset == o.slots_offset && slot_bytes == o.slot_bytes &&
+         slot_flags_offset == o.slot_flags_offset && slot_buffers_offset == o.slot_buffers_offset &&
+         segment_bytes == o.segment_bytes;
 }
 
 void initHeader(void* base, const Layout& layout, std::size_t page_bytes) {
@@ -88,10 +88,11 @@ std::string validateHeader(const void* base, std::size_t mapping_bytes, const La
     return fmt::format("segment of {} bytes does not fit in a mapping of {} bytes",
                        planned.segment_bytes, mapping_bytes);
   if (expected != nullptr && !(*expected == h.layout))
-    return fmt::format("layout differs from the one expected ({} workers, {} parameters, {} "
-                       "buffers expected; {}, {}, {} found)",
-                       expected->sizes.workers, expected->sizes.param_count,
-                       expected->sizes.buffer_count, s.workers, s.param_count, s.buffer_count);
+    return fmt::format(
+        "layout differs from the one expected ({} workers, {} parameters, {} "
+        "buffers expected; {}, {}, {} found)",
+        expected->sizes.workers, expected->sizes.param_count, expected->sizes.buffer_count,
+        s.workers, s.param_count, s.buffer_count);
   return {};
 }
 

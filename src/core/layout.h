@@ -76,9 +76,9 @@ struct Layout {
   std::uint64_t snapshot_buffers_offset = 0;
   std::uint64_t result_offset[2] = {0, 0};
   std::uint64_t slots_offset = 0;
-  std::uint64_t slot_bytes = 0;          // stride between slots
-  std::uint64_t slot_flags_offset = 0;   // within a slot; gradient is at 0
-  std::uint64_t slot_buffers_offset = 0; // within a slot
+  std::uint64_t slot_bytes = 0;           // stride between slots
+  std::uint64_t slot_flags_offset = 0;    // within a slot; gradient is at 0
+  std::uint64_t slot_buffers_offset = 0;  // within a slot
   std::uint64_t segment_bytes = 0;
 
   static Layout plan(const LayoutSizes& sizes, std::size_t page_bytes);
@@ -117,8 +117,8 @@ struct alignas(kAlign) Header {
   // `computed`; read by the workers after `computed` read 0 and by the parent
   // after `reduced` read 0. (They sit in what was the line's padding: no offset
   // moved, the layout version stays 1.)
-  std::uint32_t step_ok;   // 1 when every worker's status is kOk: the workers reduce
-  double weight_total;     // D = sum of the samples (or the worker count, equal weighting)
+  std::uint32_t step_ok;  // 1 when every worker's status is kOk: the workers reduce
+  double weight_total;    // D = sum of the samples (or the worker count, equal weighting)
 
   // ---- reduced line. Set to N by the parent before it bumps command_seq (and
   // before it forks, for start-up); each worker decrements it once when its

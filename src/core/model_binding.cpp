@@ -28,7 +28,9 @@ at::Tensor viewAt(const TensorEntry& e, std::byte* region) {
 
 namespace {
 
-std::uint64_t slotBytes(std::uint64_t bytes) { return std::max<std::uint64_t>(kAlign, alignUp(bytes, kAlign)); }
+std::uint64_t slotBytes(std::uint64_t bytes) {
+  return std::max<std::uint64_t>(kAlign, alignUp(bytes, kAlign));
+}
 
 void checkCommon(const std::string& kind, const std::string& name, const at::Tensor& t) {
   if (!t.is_cpu())
@@ -50,10 +52,12 @@ ModelBinding::ModelBinding(torch::nn::Module& model) {
     if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) continue;
     checkCommon("parameter", item.key(), t);
     if (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble)
-      throw InvalidArgument(fmt::format(
-          "parameter '{}': expected float32 or float64, got {}", item.key(), describeTensor(t)));
-    TensorEntry e{item.key(), t, param_bytes_, static_cast<std::uint64_t>(t.nbytes()),
-                  t.scalar_type(), t.sizes().vec(), t.requires_grad()};
+      throw InvalidArgument(fmt::format("parameter '{}': expected float32 or float64, got {}",
+                                        item.key(), describeTensor(t)));
+    TensorEntry e{item.key(),       t,
+                  param_bytes_,     static_cast<std::uint64_t>(t.nbytes()),
+                  t.scalar_type(),  t.sizes().vec(),
+                  t.requires_grad()};
     param_bytes_ += slotBytes(e.bytes);
     params_.push_back(std::move(e));
   }
@@ -61,8 +65,13 @@ ModelBinding::ModelBinding(torch::nn::Module& model) {
     const at::Tensor& t = item.value();
     if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) continue;
     checkCommon("buffer", item.key(), t);
-    TensorEntry e{item.key(), t, buffer_bytes_, static_cast<std::uint64_t>(t.nbytes()),
-                  t.scalar_type(), t.sizes().vec(), false};
+    TensorEntry e{item.key(),
+                  t,
+                  buffer_bytes_,
+                  static_cast<std::uint64_t>(t.nbytes()),
+                  t.scalar_type(),
+                  t.sizes().vec(),
+                  false};
     buffer_bytes_ += slotBytes(e.bytes);
     buffers_.push_back(std::move(e));
   }

@@ -21,13 +21,13 @@ class Module;
 namespace gradagg::detail {
 
 struct TensorEntry {
-  std::string name;              // as in named_parameters() / named_buffers()
-  at::Tensor tensor;             // the model's own tensor, kept alive here
-  std::uint64_t offset = 0;      // inside the parameter (or buffer) region
-  std::uint64_t bytes = 0;       // numel * element size
+  std::string name;          // as in named_parameters() / named_buffers()
+  at::Tensor tensor;         // the model's own tensor, kept alive here
+  std::uint64_t offset = 0;  // inside the parameter (or buffer) region
+  std::uint64_t bytes = 0;   // numel * element size
   c10::ScalarType dtype = c10::ScalarType::Float;
   std::vector<std::int64_t> sizes;
-  bool requires_grad = false;    // fixed at construction
+  bool requires_grad = false;  // fixed at construction
 };
 
 // How the reduction sees a parameter's dtype (float32 or float64).

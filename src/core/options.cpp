@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <type_traits>
 #include <thread>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -25,9 +25,9 @@ void Options::validate() const {
     throw InvalidArgument(
         fmt::format("Options.workers: expected 1..{}, got {}", kMaxWorkers, workers));
   if (threads_per_worker < 0)
-    throw InvalidArgument(fmt::format(
-        "Options.threads_per_worker: expected >= 0 (0 = cores / workers), got {}",
-        threads_per_worker));
+    throw InvalidArgument(
+        fmt::format("Options.threads_per_worker: expected >= 0 (0 = cores / workers), got {}",
+                    threads_per_worker));
   if (parent_threads < 0)
     throw InvalidArgument(fmt::format(
         "Options.parent_threads: expected >= 0 (0 = leave as is), got {}", parent_threads));
@@ -35,8 +35,8 @@ void Options::validate() const {
     throw InvalidArgument(
         fmt::format("Options.step_timeout: expected > 0 ms, got {} ms", step_timeout.count()));
   if (max_consecutive_skips < 0)
-    throw InvalidArgument(fmt::format("Options.max_consecutive_skips: expected >= 0, got {}",
-                                      max_consecutive_skips));
+    throw InvalidArgument(
+        fmt::format("Options.max_consecutive_skips: expected >= 0, got {}", max_consecutive_skips));
   if (max_restarts < 0)
     throw InvalidArgument(fmt::format("Options.max_restarts: expected >= 0, got {}", max_restarts));
   if (nodes.nodes < 1)
@@ -46,11 +46,11 @@ void Options::validate() const {
                                       nodes.nodes - 1, nodes.node_rank));
   if (nodes.nodes > 1 && nodes.store_path.empty() &&
       (nodes.master_port < 1 || nodes.master_port > 65535))
-    throw InvalidArgument(fmt::format("Options.nodes.master_port: expected 1..65535, got {}",
-                                      nodes.master_port));
+    throw InvalidArgument(
+        fmt::format("Options.nodes.master_port: expected 1..65535, got {}", nodes.master_port));
   if (nodes.timeout.count() <= 0)
-    throw InvalidArgument(fmt::format("Options.nodes.timeout: expected > 0 ms, got {} ms",
-                                      nodes.timeout.count()));
+    throw InvalidArgument(
+        fmt::format("Options.nodes.timeout: expected > 0 ms, got {} ms", nodes.timeout.count()));
   if (nodes.checksum_interval < 0)
     throw InvalidArgument(fmt::format("Options.nodes.checksum_interval: expected >= 0, got {}",
                                       nodes.checksum_interval));
@@ -73,8 +73,8 @@ NodeOptions NodeOptions::fromEnvironment(NodeOptions o) {
     char* end = nullptr;
     const long long n = std::strtoll(v, &end, 10);
     if (end == v || *end != '\0')
-      throw InvalidArgument(fmt::format("environment variable {}: expected an integer, got '{}'",
-                                        name, v));
+      throw InvalidArgument(
+          fmt::format("environment variable {}: expected an integer, got '{}'", name, v));
     out = static_cast<std::remove_reference_t<decltype(out)>>(n);
   };
   number("GRADAGG_NNODES", o.nodes);

@@ -83,8 +83,7 @@ pid_t ProcessSet::respawn(std::size_t i, const std::function<int()>& body) {
   if (!c.exit) {
     ::kill(c.pid, SIGKILL);
     int status = 0;
-    while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {}
   }
   c = Child{forkChild(body), std::nullopt};
   return c.pid;

@@ -13,8 +13,8 @@
 namespace gradagg::detail {
 
 struct ProcessExit {
-  int exit_status = -1;  // when it exited; -1 when killed by a signal
-  int signal = 0;        // when killed by a signal
+  int exit_status = -1;          // when it exited; -1 when killed by a signal
+  int signal = 0;                // when killed by a signal
   std::string describe() const;  // "exited with status 3" / "was killed by signal 9 (Killed)"
 };
 

@@ -36,7 +36,8 @@ template <typename T>
 template <typename Bits>
 bool allFiniteBits(const Bits* data, std::size_t count, Bits exponent) {
   Bits bad = 0;
-  for (std::size_t k = 0; k < count; ++k) bad |= static_cast<Bits>((data[k] & exponent) == exponent);
+  for (std::size_t k = 0; k < count; ++k)
+    bad |= static_cast<Bits>((data[k] & exponent) == exponent);
   return bad == 0;
 }
 
@@ -115,7 +116,8 @@ void weightedSum(ElementType type, void* out, const void* const* in, const doubl
 
 bool allFinite(ElementType type, const void* data, std::size_t count) {
   if (type == ElementType::kFloat32)
-    return allFiniteBits(static_cast<const std::uint32_t*>(data), count, std::uint32_t{0x7f800000u});
+    return allFiniteBits(static_cast<const std::uint32_t*>(data), count,
+                         std::uint32_t{0x7f800000u});
   return allFiniteBits(static_cast<const std::uint64_t*>(data), count,
                        std::uint64_t{0x7ff0000000000000ull});
 }

@@ -20,7 +20,7 @@ struct FlatTensor {
   std::uint64_t offset = 0;  // bytes, a multiple of 64
   std::uint64_t count = 0;   // elements
   ElementType type = ElementType::kFloat32;
-  bool trainable = true;     // requires_grad: only these are reduced
+  bool trainable = true;  // requires_grad: only these are reduced
 };
 
 struct ByteRange {

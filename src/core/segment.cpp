@@ -6,9 +6,9 @@
 #include <cerrno>
 #include <cstring>
 
-#include <boost/interprocess/anonymous_shared_memory.hpp>
 #include <fmt/format.h>
 #include <fmt/os.h>
+#include <boost/interprocess/anonymous_shared_memory.hpp>
 
 #include "core/check.h"
 
@@ -26,9 +26,9 @@ Segment Segment::createAnonymous(std::size_t bytes) {
   try {
     region = boost::interprocess::anonymous_shared_memory(bytes);
   } catch (const boost::interprocess::interprocess_exception& e) {
-    throw std::system_error(std::error_code(e.get_native_error(), std::generic_category()),
-                            fmt::format("gradagg: cannot map a shared segment of {} bytes: {}",
-                                        bytes, e.what()));
+    throw std::system_error(
+        std::error_code(e.get_native_error(), std::generic_category()),
+        fmt::format("gradagg: cannot map a shared segment of {} bytes: {}", bytes, e.what()));
   }
   // Reserve the pages now. MADV_POPULATE_WRITE (Linux 5.14) fails with ENOMEM
   // instead of raising SIGBUS later; older kernels say EINVAL and we touch the

@@ -58,12 +58,14 @@ std::uint32_t spin(const std::atomic<std::uint32_t>& word, Done done,
 
 std::uint32_t spinWhileEqual(const std::atomic<std::uint32_t>& word, std::uint32_t expected,
                              std::chrono::nanoseconds budget) {
-  return spin(word, [expected](std::uint32_t v) { return v != expected; }, budget);
+  return spin(
+      word, [expected](std::uint32_t v) { return v != expected; }, budget);
 }
 
 std::uint32_t spinUntilEqual(const std::atomic<std::uint32_t>& word, std::uint32_t target,
                              std::chrono::nanoseconds budget) {
-  return spin(word, [target](std::uint32_t v) { return v == target; }, budget);
+  return spin(
+      word, [target](std::uint32_t v) { return v == target; }, budget);
 }
 
 std::chrono::nanoseconds spinBudget(std::chrono::nanoseconds fallback) {

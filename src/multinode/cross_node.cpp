@@ -16,8 +16,8 @@ std::string describeLayout(const ModelBinding& binding) {
   std::string out;
   for (const auto* list : {&binding.params(), &binding.buffers()}) {
     for (const TensorEntry& e : *list)
-      out += fmt::format("{} {} {}\n", list == &binding.params() ? "parameter" : "buffer",
-                         e.name, describeShape(e.sizes, e.dtype));
+      out += fmt::format("{} {} {}\n", list == &binding.params() ? "parameter" : "buffer", e.name,
+                         describeShape(e.sizes, e.dtype));
   }
   return out;
 }
@@ -55,9 +55,9 @@ CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBindin
   const auto all = group_.exchange("layout", mine);
   for (int r = 0; r < group_.size(); ++r) {
     if (all[r] == all[0]) continue;
-    throw InvalidArgument(fmt::format(
-        "gradagg: node {} has a different model from node 0 (this is node {}): {}", r,
-        group_.rank(), firstDifference(all[r], all[0])));
+    throw InvalidArgument(
+        fmt::format("gradagg: node {} has a different model from node 0 (this is node {}): {}", r,
+                    group_.rank(), firstDifference(all[r], all[0])));
   }
   const auto counts = group_.exchange("workers", std::to_string(workers));
   for (int r = 0; r < group_.size(); ++r) {
@@ -82,8 +82,7 @@ CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBindin
     while (j + 1 < params.size() && params[j + 1].dtype == params[k].dtype) ++j;
     const std::uint64_t begin = params[k].offset;
     const std::uint64_t end = params[j].offset + params[j].bytes;
-    const auto count =
-        static_cast<std::int64_t>((end - begin) / c10::elementSize(params[k].dtype));
+    const auto count = static_cast<std::int64_t>((end - begin) / c10::elementSize(params[k].dtype));
     Span span;
     span.offset = begin;
     for (int i = 0; i < 2; ++i)
@@ -139,8 +138,8 @@ void CrossNode::reduceResult(int result, const std::vector<std::uint8_t>& any_gr
     group_.allreduceSum(span.view[result], "the cross-node gradient allreduce");
   for (std::size_t k = 0; k < params.size(); ++k) {
     if (!any_grad[k]) continue;
-    scaleInPlace(elementTypeOf(params[k].dtype), out + params[k].offset, static_cast<std::size_t>(params[k].tensor.numel()),
-                 1.0 / total);
+    scaleInPlace(elementTypeOf(params[k].dtype), out + params[k].offset,
+                 static_cast<std::size_t>(params[k].tensor.numel()), 1.0 / total);
   }
 }
 

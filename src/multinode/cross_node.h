@@ -62,8 +62,8 @@ class CrossNode final : public ReductionStage {
     std::uint64_t offset = 0;  // bytes, in the flat gradient
     at::Tensor view[2];        // over each result region
   };
-  std::vector<Span> spans_;    // runs of one dtype covering every parameter
-  at::Tensor status_;          // float64 [5 + parameters]
+  std::vector<Span> spans_;                // runs of one dtype covering every parameter
+  at::Tensor status_;                      // float64 [5 + parameters]
   std::vector<at::Tensor> slot0_buffers_;  // views of slot 0's buffer area
 };
 

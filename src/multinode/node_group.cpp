@@ -41,19 +41,19 @@ NodeGroup::NodeGroup(const NodeOptions& o)
     base->setTimeout(o.timeout);
     impl_->store = c10::make_intrusive<c10d::PrefixStore>("gradagg", base);
     auto options = c10d::ProcessGroupGloo::Options::create(o.timeout);
-    options->devices.push_back(
-        o.interface.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
-                            : c10d::ProcessGroupGloo::createDeviceForInterface(o.interface));
+    options->devices.push_back(o.interface.empty()
+                                   ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                   : c10d::ProcessGroupGloo::createDeviceForInterface(o.interface));
     options->threads = 2;
-    impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, o.node_rank,
-                                                               o.nodes, options);
+    impl_->group =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, o.node_rank, o.nodes, options);
   } catch (const std::exception& e) {
     throw NodeFailed(
         fmt::format("gradagg: node {} of {}: rendezvous through {} failed within {} ms: {}",
                     o.node_rank, o.nodes,
-                    o.store_path.empty() ? fmt::format("TCPStore {}:{}", o.master_addr,
-                                                       o.master_port)
-                                         : "FileStore " + o.store_path,
+                    o.store_path.empty()
+                        ? fmt::format("TCPStore {}:{}", o.master_addr, o.master_port)
+                        : "FileStore " + o.store_path,
                     o.timeout.count(), message(e)),
         o.node_rank);
   }

@@ -57,12 +57,12 @@ struct alignas(kAlign) SlotMeta {
   // Odd while the member writes this slot; even (and larger) after each write.
   std::atomic<std::uint32_t> seq;
   std::uint32_t hp_count;
-  std::uint64_t version;         // 1, 2, ...: the member's publish count
-  std::int64_t step;             // steps trained when published
-  std::int64_t last_copy_step;   // step of its last copy, -1 before any
+  std::uint64_t version;        // 1, 2, ...: the member's publish count
+  std::int64_t step;            // steps trained when published
+  std::int64_t last_copy_step;  // step of its last copy, -1 before any
   double score;
-  std::uint64_t optimizer_bytes; // used bytes of the optimizer area
-  double hp[kMaxHp];             // in the parent's name order
+  std::uint64_t optimizer_bytes;  // used bytes of the optimizer area
+  double hp[kMaxHp];              // in the parent's name order
 };
 
 // One per member. Written by that member only, except `command`-side fields
@@ -99,7 +99,7 @@ struct alignas(kAlign) MemberControl {
 struct PopSizes {
   std::uint32_t workers = 0;
   std::uint32_t hp_count = 0;
-  std::uint64_t param_bytes = 0;      // aligned, as ModelBinding lists them
+  std::uint64_t param_bytes = 0;  // aligned, as ModelBinding lists them
   std::uint64_t buffer_bytes = 0;
   std::uint64_t optimizer_bytes = 0;  // capacity of each slot's optimizer area
 };
@@ -108,9 +108,9 @@ struct PopLayout {
   PopSizes sizes;
   std::uint64_t members_offset = 0;
   std::uint64_t member_stride = 0;
-  std::uint64_t slots_offset = 0;   // within a member, after MemberControl
+  std::uint64_t slots_offset = 0;  // within a member, after MemberControl
   std::uint64_t slot_stride = 0;
-  std::uint64_t payload_offset = 0; // within a slot, after SlotMeta: params | buffers | optim
+  std::uint64_t payload_offset = 0;  // within a slot, after SlotMeta: params | buffers | optim
   std::uint64_t segment_bytes = 0;
   static PopLayout plan(const PopSizes& s, std::size_t page_bytes);
   std::uint64_t payloadBytes() const {

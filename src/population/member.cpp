@@ -28,9 +28,9 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
-#include "population/member.h"
 #include "core/control.h"
 #include "core/test_seam.h"
+#include "population/member.h"
 
 namespace gradagg::detail::pop {
 
@@ -181,9 +181,10 @@ class Member {
       archive.save_to(os);
       state = os.str();
       if (state.size() > s_.layout.sizes.optimizer_bytes)
-        throw InvalidArgument(fmt::format(
-            "the optimizer state takes {} bytes, more than PopulationOptions::"
-            "optimizer_state_bytes ({})", state.size(), opt_.optimizer_state_bytes));
+        throw InvalidArgument(
+            fmt::format("the optimizer state takes {} bytes, more than PopulationOptions::"
+                        "optimizer_state_bytes ({})",
+                        state.size(), opt_.optimizer_state_bytes));
     }
     MetaValues m;
     m.version = ++version_;
@@ -194,11 +195,15 @@ class Member {
     m.hp_count = static_cast<std::uint32_t>(s_.hp_names->size());
     hpToArray(hp_, *s_.hp_names, m.hp);
     std::function<void()> midway;
-    if (const auto& hook = testHooks().on_publish_midway) midway = [&] { hook(s_.rank, m.version); };
-    publish(area_, m, [&](std::byte* p) {
-      writeTensors(*s_.binding, s_.layout, p);
-      if (!state.empty()) std::memcpy(s_.layout.optimizerIn(p), state.data(), state.size());
-    }, midway);
+    if (const auto& hook = testHooks().on_publish_midway)
+      midway = [&] { hook(s_.rank, m.version); };
+    publish(
+        area_, m,
+        [&](std::byte* p) {
+          writeTensors(*s_.binding, s_.layout, p);
+          if (!state.empty()) std::memcpy(s_.layout.optimizerIn(p), state.data(), state.size());
+        },
+        midway);
   }
 
   MetaValues readOwn() {
@@ -217,8 +222,10 @@ class Member {
   }
 
   void apply() {
-    if (s_.fns->apply_hyperparams) s_.fns->apply_hyperparams(*optimizer_, hp_);
-    else defaultApply(*optimizer_, hp_);
+    if (s_.fns->apply_hyperparams)
+      s_.fns->apply_hyperparams(*optimizer_, hp_);
+    else
+      defaultApply(*optimizer_, hp_);
   }
 
   double score() {

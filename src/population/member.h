@@ -52,5 +52,4 @@ inline std::uint64_t usedPayload(const PopLayout& l, const MetaValues& m) {
 void writeTensors(const ModelBinding& b, const PopLayout& l, std::byte* payload);
 void loadTensors(const ModelBinding& b, const PopLayout& l, std::byte* payload);
 
-
 }  // namespace gradagg::detail::pop

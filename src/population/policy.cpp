@@ -61,7 +61,8 @@ Policy Policy::none() {
 }
 
 Policy Policy::random(double p) {
-  if (!(p >= 0 && p <= 1)) throw InvalidArgument(fmt::format("Policy::random: p = {} is not in [0, 1]", p));
+  if (!(p >= 0 && p <= 1))
+    throw InvalidArgument(fmt::format("Policy::random: p = {} is not in [0, 1]", p));
   return Policy(fmt::format("random(p={})", p), [p](const PolicyInput& in, DecisionRng& rng) {
     if (in.workers < 2) return -1;
     const double u = rng.uniform();
@@ -74,16 +75,16 @@ Policy Policy::truncation(double fraction) {
   if (!(fraction > 0 && fraction <= 0.5))
     throw InvalidArgument(
         fmt::format("Policy::truncation: fraction = {} is not in (0, 0.5]", fraction));
-  return Policy(fmt::format("truncation({})", fraction),
-                [fraction](const PolicyInput& in, DecisionRng& rng) {
-                  if (in.workers < 2) return -1;
-                  const int count = std::clamp(
-                      static_cast<int>(std::lround(fraction * in.workers)), 1, in.workers / 2);
-                  const std::vector<int> order = bestFirst(in);
-                  const auto pos = std::find(order.begin(), order.end(), in.rank) - order.begin();
-                  if (pos < in.workers - count) return -1;
-                  return order[static_cast<std::size_t>(rng.below(count))];
-                });
+  return Policy(
+      fmt::format("truncation({})", fraction), [fraction](const PolicyInput& in, DecisionRng& rng) {
+        if (in.workers < 2) return -1;
+        const int count =
+            std::clamp(static_cast<int>(std::lround(fraction * in.workers)), 1, in.workers / 2);
+        const std::vector<int> order = bestFirst(in);
+        const auto pos = std::find(order.begin(), order.end(), in.rank) - order.begin();
+        if (pos < in.workers - count) return -1;
+        return order[static_cast<std::size_t>(rng.below(count))];
+      });
 }
 
 Policy Policy::tournament() {

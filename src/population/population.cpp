@@ -15,15 +15,15 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/os.h>
-#include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
+#include <nlohmann/json.hpp>
 
 #include "core/check.h"
-#include "population/member.h"
+#include "core/control.h"
 #include "core/process.h"
 #include "core/segment.h"
-#include "core/control.h"
+#include "population/member.h"
 
 namespace gradagg {
 namespace detail::pop {
@@ -79,9 +79,11 @@ struct Population::Impl {
       : model(&m), fns(std::move(f)), options(std::move(o)) {
     options.validate();
     if (!fns.make_optimizer || !fns.hyperparams || !fns.train_step || !fns.score)
-      throw InvalidArgument("PopulationFns: make_optimizer, hyperparams, train_step and score "
-                            "are required");
-    binding = std::make_unique<ModelBinding>(m);  // lists tensors; never adopt(): weights stay private
+      throw InvalidArgument(
+          "PopulationFns: make_optimizer, hyperparams, train_step and score "
+          "are required");
+    binding =
+        std::make_unique<ModelBinding>(m);  // lists tensors; never adopt(): weights stay private
     const int n = options.workers;
     for (int r = 0; r < n; ++r) {
       DecisionRng rng = DecisionRng::derive(options.seed, r, -1, kStreamHyperparams);
@@ -90,8 +92,8 @@ struct Population::Impl {
       for (const auto& [name, v] : initial_hp.back()) names.push_back(name);
       if (r == 0) hp_names = names;
       if (names != hp_names)
-        throw InvalidArgument(fmt::format(
-            "PopulationFns::hyperparams: rank {} has other names than rank 0", r));
+        throw InvalidArgument(
+            fmt::format("PopulationFns::hyperparams: rank {} has other names than rank 0", r));
     }
     if (hp_names.size() > static_cast<std::size_t>(PopulationOptions::kMaxHyperparams))
       throw InvalidArgument(fmt::format("PopulationFns::hyperparams: {} names, at most {}",
@@ -99,8 +101,10 @@ struct Population::Impl {
     PopSizes sizes;
     sizes.workers = static_cast<std::uint32_t>(n);
     sizes.hp_count = static_cast<std::uint32_t>(hp_names.size());
-    for (const auto& e : binding->params()) sizes.param_bytes = std::max(sizes.param_bytes, e.offset + alignUp(e.bytes, kAlign));
-    for (const auto& e : binding->buffers()) sizes.buffer_bytes = std::max(sizes.buffer_bytes, e.offset + alignUp(e.bytes, kAlign));
+    for (const auto& e : binding->params())
+      sizes.param_bytes = std::max(sizes.param_bytes, e.offset + alignUp(e.bytes, kAlign));
+    for (const auto& e : binding->buffers())
+      sizes.buffer_bytes = std::max(sizes.buffer_bytes, e.offset + alignUp(e.bytes, kAlign));
     sizes.optimizer_bytes = options.optimizer_state_bytes;
     layout = PopLayout::plan(sizes, pageBytes());
     segment = Segment::createAnonymous(layout.segment_bytes);
@@ -113,8 +117,11 @@ struct Population::Impl {
       h.resumed = 1;
     }
     if (!options.lineage_path.empty()) {
-      lineage_fd = ::open(options.lineage_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      if (lineage_fd < 0) throw fmt::system_error(errno, "gradagg: cannot open lineage file {}", options.lineage_path);
+      lineage_fd =
+          ::open(options.lineage_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (lineage_fd < 0)
+        throw fmt::system_error(errno, "gradagg: cannot open lineage file {}",
+                                options.lineage_path);
     }
     const int threads = options.threads_per_worker > 0
                             ? options.threads_per_worker
@@ -122,11 +129,22 @@ struct Population::Impl {
     setups.resize(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r) {
       MemberSetup& s = setups[static_cast<std::size_t>(r)];
-      s = MemberSetup{r, segment.base(), layout, binding.get(), model, &fns, &options, &hp_names,
-                      initial_hp[static_cast<std::size_t>(r)], 0, ::getpid(), threads};
+      s = MemberSetup{r,
+                      segment.base(),
+                      layout,
+                      binding.get(),
+                      model,
+                      &fns,
+                      &options,
+                      &hp_names,
+                      initial_hp[static_cast<std::size_t>(r)],
+                      0,
+                      ::getpid(),
+                      threads};
     }
     std::vector<WorkerWords> words;
-    for (int r = 0; r < n; ++r) words.push_back({&area(r).control->phase, &area(r).control->done_seq});
+    for (int r = 0; r < n; ++r)
+      words.push_back({&area(r).control->phase, &area(r).control->done_seq});
     channel = ParentChannel(h.command_seq, std::move(words), processes,
                             ChannelNames{"population member", "members", std::nullopt});
     channel.onDeath([this](int r, const ProcessExit&) {
@@ -155,7 +173,8 @@ struct Population::Impl {
     c.copied = 0;
     setups[r].start_seq = channel.seq();
     channel.prepareRestart(r);
-    c.pid = processes.respawn(static_cast<std::size_t>(r), [&s = setups[r]] { return runMember(s); });
+    c.pid =
+        processes.respawn(static_cast<std::size_t>(r), [&s = setups[r]] { return runMember(s); });
   }
 
   ~Impl() {
@@ -182,8 +201,9 @@ struct Population::Impl {
       const MemberControl& c = *area(r).control;
       if (c.status == static_cast<std::uint32_t>(Status::kOk)) continue;
       const std::string message(c.message, ::strnlen(c.message, sizeof(c.message)));
-      channel.fail<WorkerFailed>(r, fmt::format("gradagg: population member {} failed during {}: {}",
-                                                r, what.describe(), message),
+      channel.fail<WorkerFailed>(r,
+                                 fmt::format("gradagg: population member {} failed during {}: {}",
+                                             r, what.describe(), message),
                                  message);
     }
   }
@@ -218,9 +238,13 @@ struct Population::Impl {
   }
 
   void writeLineage(const CopyEvent& e) {
-    nlohmann::json j = {{"step", e.step}, {"worker", e.worker}, {"donor", e.donor},
-                        {"donor_version", e.donor_version}, {"score", e.score},
-                        {"donor_score", e.donor_score}, {"hyperparams_before", e.before},
+    nlohmann::json j = {{"step", e.step},
+                        {"worker", e.worker},
+                        {"donor", e.donor},
+                        {"donor_version", e.donor_version},
+                        {"score", e.score},
+                        {"donor_score", e.donor_score},
+                        {"hyperparams_before", e.before},
                         {"hyperparams_after", e.after}};
     const std::string line = j.dump() + "\n";
     if (::write(lineage_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
@@ -231,7 +255,8 @@ struct Population::Impl {
     if (rank < 0 || rank >= options.workers)
       throw InvalidArgument(fmt::format("snapshot: rank {} not in [0, {})", rank, options.workers));
     std::vector<std::byte> raw(layout.payloadBytes() + kAlign);
-    auto* buf = reinterpret_cast<std::byte*>(alignUp(reinterpret_cast<std::uintptr_t>(raw.data()), kAlign));
+    auto* buf =
+        reinterpret_cast<std::byte*>(alignUp(reinterpret_cast<std::uintptr_t>(raw.data()), kAlign));
     MetaValues m;
     const auto used = [&](const MetaValues& v) { return usedPayload(layout, v); };
     if (!read(area(rank), &m, buf, used, options.max_read_retries))
@@ -244,7 +269,8 @@ struct Population::Impl {
     s.score = m.score;
     s.hyperparams = hpFromArray(m.hp, hp_names);
     for (const auto& e : binding->params()) s.parameters.push_back(viewAt(e, buf).clone());
-    for (const auto& e : binding->buffers()) s.buffers.push_back(viewAt(e, layout.buffersIn(buf)).clone());
+    for (const auto& e : binding->buffers())
+      s.buffers.push_back(viewAt(e, layout.buffersIn(buf)).clone());
     const auto n = std::min<std::uint64_t>(m.optimizer_bytes, layout.sizes.optimizer_bytes);
     s.optimizer_state.assign(reinterpret_cast<const char*>(layout.optimizerIn(buf)), n);
     return s;
@@ -259,15 +285,21 @@ struct Population::Impl {
     for (int r = 0; r < options.workers; ++r) {
       const MemberSnapshot s = snapshot(r);
       torch::serialize::OutputArchive a;
-      for (std::size_t k = 0; k < s.parameters.size(); ++k) a.write(fmt::format("p{}", k), s.parameters[k]);
-      for (std::size_t k = 0; k < s.buffers.size(); ++k) a.write(fmt::format("b{}", k), s.buffers[k], true);
-      a.write("meta", at::tensor(std::vector<std::int64_t>{static_cast<std::int64_t>(s.version), s.step, s.last_copy_step}));
+      for (std::size_t k = 0; k < s.parameters.size(); ++k)
+        a.write(fmt::format("p{}", k), s.parameters[k]);
+      for (std::size_t k = 0; k < s.buffers.size(); ++k)
+        a.write(fmt::format("b{}", k), s.buffers[k], true);
+      a.write("meta", at::tensor(std::vector<std::int64_t>{static_cast<std::int64_t>(s.version),
+                                                           s.step, s.last_copy_step}));
       a.write("score", at::tensor(s.score, at::kDouble));
       std::vector<double> hp;
       for (const auto& name : hp_names) hp.push_back(s.hyperparams.at(name));
       a.write("hp", at::tensor(hp, at::kDouble).reshape({static_cast<std::int64_t>(hp.size())}));
-      a.write("optimizer", at::from_blob(const_cast<char*>(s.optimizer_state.data()),
-                                         {static_cast<std::int64_t>(s.optimizer_state.size())}, at::kByte).clone(), true);
+      a.write("optimizer",
+              at::from_blob(const_cast<char*>(s.optimizer_state.data()),
+                            {static_cast<std::int64_t>(s.optimizer_state.size())}, at::kByte)
+                  .clone(),
+              true);
       root.write(fmt::format("member{}", r), a);
     }
     root.save_to(path);
@@ -296,8 +328,10 @@ struct Population::Impl {
       a.read("hp", hp);
       a.read("optimizer", opt, true);
       if (static_cast<std::uint64_t>(opt.numel()) > layout.sizes.optimizer_bytes)
-        throw InvalidArgument(fmt::format("resume_from {}: member {}'s optimizer state ({} bytes) "
-                                          "exceeds optimizer_state_bytes", path, r, opt.numel()));
+        throw InvalidArgument(
+            fmt::format("resume_from {}: member {}'s optimizer state ({} bytes) "
+                        "exceeds optimizer_state_bytes",
+                        path, r, opt.numel()));
       MetaValues m;
       m.version = static_cast<std::uint64_t>(meta[0].item<std::int64_t>());
       m.step = meta[1].item<std::int64_t>();
@@ -305,22 +339,25 @@ struct Population::Impl {
       m.score = score.item<double>();
       m.optimizer_bytes = static_cast<std::uint64_t>(opt.numel());
       m.hp_count = static_cast<std::uint32_t>(hp_names.size());
-      for (std::size_t k = 0; k < hp_names.size(); ++k) m.hp[k] = hp[static_cast<std::int64_t>(k)].item<double>();
-      publish(area(r), m, [&](std::byte* p) {
-        at::NoGradGuard no_grad;
-        for (std::size_t k = 0; k < binding->params().size(); ++k) {
-          at::Tensor t;
-          a.read(fmt::format("p{}", k), t);
-          viewAt(binding->params()[k], p).copy_(t);
-        }
-        for (std::size_t k = 0; k < binding->buffers().size(); ++k) {
-          at::Tensor t;
-          a.read(fmt::format("b{}", k), t, true);
-          viewAt(binding->buffers()[k], layout.buffersIn(p)).copy_(t);
-        }
-        if (opt.numel() > 0)
-          std::memcpy(layout.optimizerIn(p), opt.data_ptr(), opt.numel());
-      }, {});
+      for (std::size_t k = 0; k < hp_names.size(); ++k)
+        m.hp[k] = hp[static_cast<std::int64_t>(k)].item<double>();
+      publish(area(r), m,
+              [&](std::byte* p) {
+                at::NoGradGuard no_grad;
+                for (std::size_t k = 0; k < binding->params().size(); ++k) {
+                  at::Tensor t;
+                  a.read(fmt::format("p{}", k), t);
+                  viewAt(binding->params()[k], p).copy_(t);
+                }
+                for (std::size_t k = 0; k < binding->buffers().size(); ++k) {
+                  at::Tensor t;
+                  a.read(fmt::format("b{}", k), t, true);
+                  viewAt(binding->buffers()[k], layout.buffersIn(p)).copy_(t);
+                }
+                if (opt.numel() > 0)
+                  std::memcpy(layout.optimizerIn(p), opt.data_ptr(), opt.numel());
+              },
+              {});
     }
   }
 };

@@ -51,8 +51,7 @@ int publish(const MemberArea& m, const MetaValues& v,
 }
 
 bool read(const MemberArea& m, MetaValues* out_meta, std::byte* out,
-          const std::function<std::uint64_t(const MetaValues&)>& payload_bytes,
-          int max_retries) {
+          const std::function<std::uint64_t(const MetaValues&)>& payload_bytes, int max_retries) {
   for (int attempt = 0; attempt <= max_retries; ++attempt) {
     const int w = static_cast<int>(m.control->latest.load(std::memory_order_acquire));
     GRADAGG_ENFORCE(w >= 0 && w < kSlots, "latest slot {}", w);
