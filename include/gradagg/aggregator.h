@@ -46,6 +46,8 @@ class Aggregator {
   int workers() const noexcept;
   std::int64_t stepsDone() const noexcept;
   const Options& options() const noexcept;
+  // Intra-op threads each worker runs (Options::threads_per_worker, resolved).
+  int threadsPerWorker() const;
   // The workers' process ids by rank (empty when not usable), e.g. for monitoring.
   std::vector<int> workerPids() const;
 

@@ -69,7 +69,9 @@ struct Options {
   int workers = 2;
   Weighting weighting = Weighting::kBySamples;
   BufferSync buffers = BufferSync::kFromRank0;
-  // Intra-op threads in each worker; 0 means max(1, cores / workers).
+  // Intra-op threads in each worker; 0 means max(1, cores / workers), where
+  // across nodes the workers of every node on the same machine and CPUs count
+  // (give each node its own CPUs, e.g. with taskset, and only its own count).
   int threads_per_worker = 0;
   // Intra-op threads of the parent while the Aggregator lives (restored after):
   // the workers own the cores, and libgomp threads of a parent that spin after
@@ -108,8 +110,12 @@ struct Options {
 
   // Throws InvalidArgument naming the first field that is out of range.
   void validate() const;
-  // threads_per_worker with 0 resolved against the cores this process may use.
-  int resolvedThreadsPerWorker() const;
+  // threads_per_worker with 0 resolved against the cores this process may use:
+  // max(1, cores / workers_on_these_cores), where the workers on these cores are
+  // this node's and, across nodes, those of other nodes on the same machine
+  // and CPUs (the Aggregator finds them at the rendezvous).
+  int resolvedThreadsPerWorker(int workers_on_these_cores) const;
+  int resolvedThreadsPerWorker() const { return resolvedThreadsPerWorker(workers); }
 };
 
 // Cores this process may run on (sched_getaffinity), at least 1.

@@ -134,7 +134,7 @@ struct Aggregator::Impl {
       c.message[0] = '\0';
     }
     WorkerSetup s;
-    s.threads = options.resolvedThreadsPerWorker();
+    s.threads = options.resolvedThreadsPerWorker(stage->placement().host_workers);
     s.segment = &segment;
     s.layout = map.layout;
     s.binding = &binding;
@@ -299,6 +299,10 @@ bool Aggregator::usable() const noexcept { return impl_ && impl_->channel.usable
 int Aggregator::workers() const noexcept { return impl_ ? impl_->options.workers : 0; }
 std::int64_t Aggregator::stepsDone() const noexcept { return impl_ ? impl_->steps_done : 0; }
 const Options& Aggregator::options() const noexcept { return impl_->options; }
+int Aggregator::threadsPerWorker() const {
+  return impl_ ? impl_->options.resolvedThreadsPerWorker(impl_->stage->placement().host_workers)
+               : 0;
+}
 std::vector<int> Aggregator::workerPids() const {
   std::vector<int> out;
   if (!impl_ || !impl_->channel.usable()) return out;

@@ -15,8 +15,9 @@ Layout Layout::plan(const LayoutSizes& s, std::size_t page_bytes) {
   l.snapshot_offset = alignUp(control_end, page_bytes);
   l.snapshot_buffers_offset = l.snapshot_offset + s.param_bytes;
   l.result_offset[0] = alignUp(l.snapshot_buffers_offset + s.buffer_bytes, page_bytes);
-  l.result_offset[1] = l.result_offset[0] + s.param_bytes;
-  l.slots_offset = alignUp(l.result_offset[1] + s.param_bytes, kAlign);
+  l.result_bytes = s.param_bytes + statusBytes(s.param_count);
+  l.result_offset[1] = l.result_offset[0] + l.result_bytes;
+  l.slots_offset = alignUp(l.result_offset[1] + l.result_bytes, kAlign);
   l.slot_flags_offset = s.param_bytes;
   l.slot_buffers_offset = alignUp(l.slot_flags_offset + s.param_count, kAlign);
   l.slot_bytes = alignUp(l.slot_buffers_offset + s.buffer_bytes, kAlign);
@@ -31,9 +32,9 @@ bool Layout::operator==(const Layout& o) const {
          snapshot_offset == o.snapshot_offset &&
          snapshot_buffers_offset == o.snapshot_buffers_offset &&
          result_offset[0] == o.result_offset[0] && result_offset[1] == o.result_offset[1] &&
-         slots_offset == o.slots_offset && slot_bytes == o.slot_bytes &&
-         slot_flags_offset == o.slot_flags_offset && slot_buffers_offset == o.slot_buffers_offset &&
-         segment_bytes == o.segment_bytes;
+         result_bytes == o.result_bytes && slots_offset == o.slots_offset &&
+         slot_bytes == o.slot_bytes && slot_flags_offset == o.slot_flags_offset &&
+         slot_buffers_offset == o.slot_buffers_offset && segment_bytes == o.segment_bytes;
 }
 
 void initHeader(void* base, const Layout& layout, std::size_t page_bytes) {

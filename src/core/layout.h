@@ -18,8 +18,10 @@
 //                     | buffers     (the parent's master values)          |
 //   result_offset[0]  +---------------------------------------------------+ page
 //                     | mean gradient A (the parent's .grad views ...)    |
+//                     |   status tail (across nodes, see below)           |
 //   result_offset[1]  +---------------------------------------------------+
 //                     | mean gradient B (... or these, every other step)  |
+//                     |   status tail                                     |
 //   slots_offset      +---------------------------------------------------+
 //                     | slot 0:  gradient | has-grad flags | buffers      |
 //                     | slot 1:  ...                                      |
@@ -32,7 +34,11 @@
 // the workers can each reduce one range of it. Buffers do the same within
 // [0, buffer_bytes). The two results alternate: a step writes the one that
 // .grad does not view, and .grad moves to it only when the step succeeded, so a
-// failed step leaves .grad as it was.
+// failed step leaves .grad as it was. Parameters are laid out grouped by dtype
+// (float32 first), so each dtype's gradients are one contiguous run. Each result
+// ends with a status tail: across nodes the parent writes the step's status
+// there, right after the last run, and allreduces run and status as one buffer
+// (one collective per dtype; see src/multinode/cross_node.h).
 #pragma once
 
 #include <atomic>
@@ -43,11 +49,18 @@
 namespace gradagg::detail {
 
 inline constexpr std::uint64_t kMagic = 0x3167'6761'6461'7267ULL;  // "grdagg1"
-inline constexpr std::uint32_t kLayoutVersion = 1;
+inline constexpr std::uint32_t kLayoutVersion = 2;
 inline constexpr std::size_t kAlign = 64;
 inline constexpr std::size_t kMessageBytes = 1024;
 
 constexpr std::size_t alignUp(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+// The status tail of a result: kStatusFields values, then one has-grad count
+// per parameter, in the dtype of the last run (8 bytes each at most).
+inline constexpr std::uint64_t kStatusFields = 8;
+constexpr std::uint64_t statusBytes(std::uint64_t param_count) {
+  return alignUp(8 * (kStatusFields + param_count), kAlign);
+}
 
 // What the parent asks of the workers; written before command_seq is bumped.
 enum class Command : std::uint32_t { kNone = 0, kStep = 1, kStop = 2 };
@@ -75,6 +88,7 @@ struct Layout {
   std::uint64_t snapshot_offset = 0;  // parameters, then buffers at snapshot_buffers_offset
   std::uint64_t snapshot_buffers_offset = 0;
   std::uint64_t result_offset[2] = {0, 0};
+  std::uint64_t result_bytes = 0;  // param_bytes, then the status tail
   std::uint64_t slots_offset = 0;
   std::uint64_t slot_bytes = 0;           // stride between slots
   std::uint64_t slot_flags_offset = 0;    // within a slot; gradient is at 0
@@ -116,7 +130,7 @@ struct alignas(kAlign) Header {
   // The summary, written by the closer before it takes the last one from
   // `computed`; read by the workers after `computed` read 0 and by the parent
   // after `reduced` read 0. (They sit in what was the line's padding: no offset
-  // moved, the layout version stays 1.)
+  // moved when they were added.)
   std::uint32_t step_ok;  // 1 when every worker's status is kOk: the workers reduce
   double weight_total;    // D = sum of the samples (or the worker count, equal weighting)
 
@@ -157,7 +171,7 @@ struct alignas(kAlign) WorkerControl {
   // This worker's weight in the step (n_i / D, or n_i across nodes where the
   // parent divides later; 0 when the step failed). Written by the closer (see
   // Header::computed), read after `computed` read 0. In what was the struct's
-  // tail padding: no offset moved.
+  // tail padding: no offset moved when it was added.
   double weight;
 };
 
@@ -166,10 +180,7 @@ static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t),
               "futex words must be plain 32-bit integers");
 static_assert(sizeof(Header) % kAlign == 0 && sizeof(WorkerControl) % kAlign == 0);
 static_assert(offsetof(Header, magic) == 0);
-// Layout version 1: these sizes and offsets are what version 1 always had.
-static_assert(sizeof(Header) == 384 && offsetof(Header, computed) == 256 &&
-              offsetof(Header, reduced) == 320);
-static_assert(sizeof(WorkerControl) == 1152 && offsetof(WorkerControl, message) == 96);
+static_assert(sizeof(WorkerControl) % kAlign == 0 && offsetof(WorkerControl, message) == 96);
 
 // Typed access to the regions of a mapped segment: every use site names the
 // region it wants, no offset arithmetic is written outside this struct.
@@ -185,6 +196,7 @@ struct SegmentMap {
   std::byte* snapshotBuffers() const { return base + layout.snapshot_buffers_offset; }
   std::size_t snapshotBytes() const { return layout.sizes.param_bytes + layout.sizes.buffer_bytes; }
   std::byte* result(int index) const { return base + layout.result_offset[index & 1]; }
+  std::byte* status(int index) const { return result(index) + layout.sizes.param_bytes; }
   std::byte* slot(int rank) const { return base + layout.slotOffset(rank); }  // its gradient
   std::uint8_t* slotFlags(int rank) const {
     return reinterpret_cast<std::uint8_t*>(slot(rank) + layout.slot_flags_offset);

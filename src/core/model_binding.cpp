@@ -54,12 +54,17 @@ ModelBinding::ModelBinding(torch::nn::Module& model) {
     if (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble)
       throw InvalidArgument(fmt::format("parameter '{}': expected float32 or float64, got {}",
                                         item.key(), describeTensor(t)));
-    TensorEntry e{item.key(),       t,
-                  param_bytes_,     static_cast<std::uint64_t>(t.nbytes()),
-                  t.scalar_type(),  t.sizes().vec(),
-                  t.requires_grad()};
-    param_bytes_ += slotBytes(e.bytes);
-    params_.push_back(std::move(e));
+    params_.push_back(TensorEntry{item.key(), t, 0, static_cast<std::uint64_t>(t.nbytes()),
+                                  t.scalar_type(), t.sizes().vec(), t.requires_grad()});
+  }
+  // Offsets grouped by dtype, float32 first: each dtype's gradients are one
+  // contiguous run of the flat gradient (one collective per dtype across nodes).
+  for (const auto dtype : {at::kFloat, at::kDouble}) {
+    for (TensorEntry& e : params_) {
+      if (e.dtype != dtype) continue;
+      e.offset = param_bytes_;
+      param_bytes_ += slotBytes(e.bytes);
+    }
   }
   for (const auto& item : model.named_buffers(/*recurse=*/true)) {
     const at::Tensor& t = item.value();

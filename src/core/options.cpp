@@ -92,9 +92,9 @@ NodeOptions NodeOptions::fromEnvironment(NodeOptions o) {
 
 NodeOptions NodeOptions::fromEnvironment() { return fromEnvironment(NodeOptions{}); }
 
-int Options::resolvedThreadsPerWorker() const {
+int Options::resolvedThreadsPerWorker(int workers_on_these_cores) const {
   if (threads_per_worker > 0) return threads_per_worker;
-  return std::max(1, availableCores() / std::max(1, workers));
+  return std::max(1, availableCores() / std::max(1, workers_on_these_cores));
 }
 
 }  // namespace gradagg

@@ -16,6 +16,9 @@ struct Placement {
   int nodes = 1;
   int worker_offset = 0;   // workers on lower nodes
   int global_workers = 0;  // on every node
+  // Workers that run on this node's cores, other nodes' on the same machine
+  // and CPUs included: the default threads per worker divide the cores by it.
+  int host_workers = 0;
   // The workers divide by the weight total themselves (one node), or leave
   // sum_i n_i g_i for the stage to divide after combining (several).
   bool normalize = true;
@@ -27,7 +30,10 @@ struct StepTotals {
   bool failed = false;      // a worker failed (after the stage: on some node)
   bool non_finite = false;  // a gradient or loss was NaN or infinite (idem)
   double weight_total = 0;  // D: the samples, or one per worker with equal weighting
-  double loss = 0;          // the weighted mean loss
+  // sum_i w_i loss_i with the step's weights: the weighted mean loss on one
+  // node (normalised weights) and after the stage; sum_i n_i loss_i before it
+  // across nodes.
+  double loss = 0;
   std::int64_t samples = 0;
 };
 
@@ -49,7 +55,10 @@ class ReductionStage {
 // One node: the workers' result is already the mean; nothing to combine.
 class LocalStage final : public ReductionStage {
  public:
-  explicit LocalStage(int workers) { placement_.global_workers = workers; }
+  explicit LocalStage(int workers) {
+    placement_.global_workers = workers;
+    placement_.host_workers = workers;
+  }
   Placement placement() const override { return placement_; }
   void beforeStep(std::int64_t) override {}
   StepTotals reduce(const StepTotals& local, std::vector<std::uint8_t>&, int) override {

@@ -1,6 +1,14 @@
 #include "multinode/cross_node.h"
 
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <tuple>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -36,6 +44,51 @@ std::string firstDifference(const std::string& a, const std::string& b) {
   }
 }
 
+// What tells which nodes share this node's cores: the kernel's boot id (one per
+// machine, shared by its containers and network namespaces), the CPUs this
+// process may run on, and this node's worker count.
+std::string hostIdentity(int workers) {
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  if (boot.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    boot = host;
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::string cpus;
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus += fmt::format("{} ", c);
+  return fmt::format("{}\n{}\n{}", boot, cpus, workers);
+}
+
+// The workers of every node whose identity says it runs on this node's cores.
+int workersSharingCores(const std::vector<std::string>& ids, int me) {
+  auto parse = [](const std::string& id) {
+    std::istringstream in(id);
+    std::string boot, cpus;
+    int workers = 0;
+    std::getline(in, boot);
+    std::getline(in, cpus);
+    in >> workers;
+    std::set<int> set;
+    std::istringstream list(cpus);
+    for (int c; list >> c;) set.insert(c);
+    return std::make_tuple(boot, set, workers);
+  };
+  const auto [my_boot, my_cpus, my_workers] = parse(ids[me]);
+  int total = 0;
+  for (const std::string& id : ids) {
+    const auto [boot, cpus, workers] = parse(id);
+    const bool overlap = std::any_of(cpus.begin(), cpus.end(),
+                                     [&, &mine = my_cpus](int c) { return mine.count(c) > 0; });
+    if (boot == my_boot && (overlap || cpus.empty() || my_cpus.empty())) total += workers;
+  }
+  return std::max(total, my_workers);
+}
+
 std::uint64_t fnv1a(const std::byte* p, std::size_t n, std::uint64_t h) {
   for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<std::uint8_t>(p[i])) * 1099511628211ull;
   return h;
@@ -59,12 +112,13 @@ CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBindin
         fmt::format("gradagg: node {} has a different model from node 0 (this is node {}): {}", r,
                     group_.rank(), firstDifference(all[r], all[0])));
   }
-  const auto counts = group_.exchange("workers", std::to_string(workers));
+  const auto ids = group_.exchange("host", hostIdentity(workers));
   for (int r = 0; r < group_.size(); ++r) {
-    const int c = std::stoi(counts[r]);
+    const int c = std::stoi(ids[r].substr(ids[r].rfind('\n') + 1));
     if (r < group_.rank()) worker_offset_ += c;
     global_workers_ += c;
   }
+  host_workers_ = workersSharingCores(ids, group_.rank());
   // The same initial values everywhere: node 0's.
   for (TensorEntry& e : binding.params()) {
     at::Tensor v = viewAt(e, binding.paramRegion());
@@ -75,67 +129,105 @@ CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBindin
     group_.broadcastFromNode0(v, "broadcasting the initial buffers");
     slot0_buffers_.push_back(viewAt(e, segment_.slotBuffers(0)));
   }
-  // Runs of parameters of one dtype, each one collective.
+  // One run per dtype (ModelBinding groups the offsets by dtype); the last one
+  // extends over the status tail, in its dtype.
   const auto& params = binding.params();
-  for (std::size_t k = 0; k < params.size();) {
-    std::size_t j = k;
-    while (j + 1 < params.size() && params[j + 1].dtype == params[k].dtype) ++j;
-    const std::uint64_t begin = params[k].offset;
-    const std::uint64_t end = params[j].offset + params[j].bytes;
-    const auto count = static_cast<std::int64_t>((end - begin) / c10::elementSize(params[k].dtype));
-    Span span;
-    span.offset = begin;
-    for (int i = 0; i < 2; ++i)
-      span.view[i] = at::from_blob(segment_.result(i) + begin, {count},
-                                   at::TensorOptions().dtype(params[k].dtype));
-    spans_.push_back(std::move(span));
-    k = j + 1;
+  struct Run {
+    c10::ScalarType dtype;
+    std::uint64_t begin, end;
+  };
+  std::vector<Run> runs;
+  for (const TensorEntry& p : params) {
+    auto run =
+        std::find_if(runs.begin(), runs.end(), [&](const Run& r) { return r.dtype == p.dtype; });
+    if (run == runs.end()) runs.push_back(Run{p.dtype, p.offset, p.offset + p.bytes});
+    run = std::find_if(runs.begin(), runs.end(), [&](const Run& r) { return r.dtype == p.dtype; });
+    run->begin = std::min(run->begin, p.offset);
+    run->end = std::max(run->end, p.offset + p.bytes);
   }
-  status_ = at::zeros({static_cast<std::int64_t>(5 + params.size())}, at::kDouble);
+  std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.begin < b.begin; });
+  const std::uint64_t param_bytes = segment_.layout.sizes.param_bytes;
+  if (runs.empty()) runs.push_back(Run{c10::ScalarType::Double, param_bytes, param_bytes});
+  status_dtype_ = runs.back().dtype;
+  runs.back().end = param_bytes + c10::elementSize(status_dtype_) * (kStatusFields + params.size());
+  for (const Run& run : runs) {
+    const auto count =
+        static_cast<std::int64_t>((run.end - run.begin) / c10::elementSize(run.dtype));
+    for (int i = 0; i < 2; ++i)
+      runs_[i].push_back(at::from_blob(segment_.result(i) + run.begin, {count},
+                                       at::TensorOptions().dtype(run.dtype)));
+  }
 }
 
 Placement CrossNode::placement() const {
-  return Placement{group_.rank(), group_.size(), worker_offset_, global_workers_,
-                   /*normalize=*/false};
+  return Placement{group_.rank(),   group_.size(), worker_offset_,
+                   global_workers_, host_workers_, /*normalize=*/false};
 }
 
 void CrossNode::beforeStep(std::int64_t step) {
   if (checksum_interval_ > 0 && step > 0 && step % checksum_interval_ == 0) checkParameters(step);
 }
 
+namespace {
+// A count as two parts that each stay exact in float32 (< 2^24) when summed.
+constexpr std::int64_t kLow = 4096;
+template <typename T>
+void putCount(T* s, std::int64_t v) {
+  s[0] = static_cast<T>(v / kLow);
+  s[1] = static_cast<T>(v % kLow);
+}
+template <typename T>
+std::int64_t getCount(const T* s) {
+  return static_cast<std::int64_t>(s[0]) * kLow + static_cast<std::int64_t>(s[1]);
+}
+}  // namespace
+
+template <typename T>
+void CrossNode::writeStatus(T* s, const StepTotals& local,
+                            const std::vector<std::uint8_t>& any_grad) const {
+  s[0] = local.failed ? 1 : 0;
+  s[1] = local.non_finite ? 1 : 0;
+  putCount(s + 2, static_cast<std::int64_t>(local.weight_total));
+  putCount(s + 4, local.samples);
+  s[6] = static_cast<T>(local.loss);  // sum_i n_i loss_i: this node's workers' weights are n_i
+  s[7] = 0;
+  for (std::size_t k = 0; k < any_grad.size(); ++k) s[kStatusFields + k] = any_grad[k];
+}
+
+template <typename T>
+StepTotals CrossNode::readStatus(const T* s, std::vector<std::uint8_t>& any_grad) const {
+  StepTotals out;
+  out.failed = s[0] > 0;
+  out.non_finite = s[1] > 0;
+  out.weight_total = static_cast<double>(getCount(s + 2));
+  out.samples = getCount(s + 4);
+  out.loss = out.weight_total > 0 ? static_cast<double>(s[6]) / out.weight_total : 0;
+  for (std::size_t k = 0; k < any_grad.size(); ++k) any_grad[k] = s[kStatusFields + k] > 0 ? 1 : 0;
+  return out;
+}
+
 StepTotals CrossNode::reduce(const StepTotals& local, std::vector<std::uint8_t>& any_grad,
                              int result) {
-  const StepTotals all = exchangeStatus(local, any_grad);
+  std::byte* status = segment_.status(result);
+  const bool wide = status_dtype_ == c10::ScalarType::Double;
+  if (wide)
+    writeStatus(reinterpret_cast<double*>(status), local, any_grad);
+  else
+    writeStatus(reinterpret_cast<float*>(status), local, any_grad);
+  // A node whose workers failed sends whatever its result holds: every node
+  // then sees the failure in the status and discards the sums.
+  group_.allreduceSum(runs_[result], "the cross-node allreduce of the step");
+  const StepTotals all = wide ? readStatus(reinterpret_cast<const double*>(status), any_grad)
+                              : readStatus(reinterpret_cast<const float*>(status), any_grad);
   if (all.failed || all.non_finite) return all;
-  reduceResult(result, any_grad, all.weight_total);
+  divide(result, any_grad, all.weight_total);
   if (gather_buffers_) gatherBuffers();
   return all;
 }
 
-StepTotals CrossNode::exchangeStatus(const StepTotals& local, std::vector<std::uint8_t>& any_grad) {
-  double* s = status_.data_ptr<double>();
-  s[0] = local.failed ? 1 : 0;
-  s[1] = local.non_finite ? 1 : 0;
-  s[2] = local.weight_total;
-  s[3] = local.loss * local.weight_total;
-  s[4] = static_cast<double>(local.samples);
-  for (std::size_t k = 0; k < any_grad.size(); ++k) s[5 + k] = any_grad[k];
-  group_.allreduceSum(status_, "the cross-node status allreduce");
-  StepTotals out;
-  out.failed = s[0] > 0;
-  out.non_finite = s[1] > 0;
-  out.weight_total = s[2];
-  out.loss = s[2] > 0 ? s[3] / s[2] : 0;
-  out.samples = static_cast<std::int64_t>(s[4]);
-  for (std::size_t k = 0; k < any_grad.size(); ++k) any_grad[k] = s[5 + k] > 0 ? 1 : 0;
-  return out;
-}
-
-void CrossNode::reduceResult(int result, const std::vector<std::uint8_t>& any_grad, double total) {
+void CrossNode::divide(int result, const std::vector<std::uint8_t>& any_grad, double total) {
   std::byte* out = segment_.result(result);
   const auto& params = binding_.params();
-  for (Span& span : spans_)
-    group_.allreduceSum(span.view[result], "the cross-node gradient allreduce");
   for (std::size_t k = 0; k < params.size(); ++k) {
     if (!any_grad[k]) continue;
     scaleInPlace(elementTypeOf(params[k].dtype), out + params[k].offset,

@@ -2,18 +2,22 @@
 //
 // Inside a node the workers reduce through shared memory as always, but with
 // unnormalised weights (n_i, or 1 for equal weighting), so this node's result
-// holds sum_i n_i * g_i. The node parents then allreduce, in this order, every
-// step and on every node alike:
-//   1. the status line: failed and non-finite counts, the weight total D, the
-//      weighted loss, the samples and one has-grad count per parameter; if any
-//      node failed, every node refuses the step (nothing is applied anywhere);
-//   2. the result, in runs of parameters of one dtype (parameters this node's
-//      workers gave no gradient are zero there already);
-//   3. with BufferSync::kFromRank0, the buffers of node 0's worker 0 (the other
-//      nodes send zeros) into slot 0's buffer area, where the parent takes
-//      worker 0's buffers from as on one node.
-// Each node then divides by the global D. Gloo's ring gives every node the same
-// bits, so every node takes the same optimizer step.
+// holds sum_i n_i * g_i. Then, every step and on every node alike, the parent
+// writes the step's status into the result's status tail (failed and
+// non-finite counts, the weight total D, the samples, the weighted loss, one
+// has-grad count per parameter) and the node parents allreduce the result: one
+// collective per dtype run (float32 and float64 are one run each), the status
+// riding at the end of the last, all started together. One round trip carries
+// both, so a small model pays Gloo's latency once per step. After it:
+//   - if any node failed (or found a non-finite gradient), every node refuses
+//     the step and discards the sums (nothing is applied anywhere);
+//   - else each node divides every parameter some node gave a gradient by the
+//     global D; with BufferSync::kFromRank0 the buffers of node 0's worker 0
+//     (the other nodes send zeros) are allreduced into slot 0's buffer area,
+//     where the parent takes worker 0's buffers from as on one node.
+// Gloo's ring gives every node the same bits, so every node takes the same
+// optimizer step. Counts travel as two exact parts (hi * 4096 + lo), so a
+// float32 status stays exact up to 2^36.
 #pragma once
 
 #include <cstdint>
@@ -45,8 +49,12 @@ class CrossNode final : public ReductionStage {
                     int result) override;
 
  private:
-  StepTotals exchangeStatus(const StepTotals& local, std::vector<std::uint8_t>& any_grad);
-  void reduceResult(int result, const std::vector<std::uint8_t>& any_grad, double total);
+  // Status tail -> buffer -> status, in the dtype of the last run.
+  template <typename T>
+  void writeStatus(T* s, const StepTotals& local, const std::vector<std::uint8_t>& any_grad) const;
+  template <typename T>
+  StepTotals readStatus(const T* s, std::vector<std::uint8_t>& any_grad) const;
+  void divide(int result, const std::vector<std::uint8_t>& any_grad, double total);
   void gatherBuffers();
   // The nodes' parameter checksums must agree (NodeFailed otherwise).
   void checkParameters(std::int64_t step);
@@ -58,12 +66,11 @@ class CrossNode final : public ReductionStage {
   bool gather_buffers_ = false;
   int worker_offset_ = 0;
   int global_workers_ = 0;
-  struct Span {
-    std::uint64_t offset = 0;  // bytes, in the flat gradient
-    at::Tensor view[2];        // over each result region
-  };
-  std::vector<Span> spans_;                // runs of one dtype covering every parameter
-  at::Tensor status_;                      // float64 [5 + parameters]
+  int host_workers_ = 0;
+  // Per result region: one view per dtype run, the last one also over the
+  // status tail (kStatusFields + parameters elements of status_dtype_).
+  std::vector<at::Tensor> runs_[2];
+  c10::ScalarType status_dtype_ = c10::ScalarType::Double;
   std::vector<at::Tensor> slot0_buffers_;  // views of slot 0's buffer area
 };
 

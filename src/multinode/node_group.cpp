@@ -77,6 +77,20 @@ void NodeGroup::allreduceSum(at::Tensor& t, const char* what) {
   }
 }
 
+void NodeGroup::allreduceSum(std::vector<at::Tensor>& tensors, const char* what) {
+  try {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    works.reserve(tensors.size());
+    for (at::Tensor& t : tensors) {
+      std::vector<at::Tensor> one{t};
+      works.push_back(impl_->group->allreduce(one));
+    }
+    for (auto& work : works) work->wait(timeout_);
+  } catch (const std::exception& e) {
+    fail(what, e);
+  }
+}
+
 void NodeGroup::broadcastFromNode0(at::Tensor& t, const char* what) {
   try {
     std::vector<at::Tensor> tensors{t};

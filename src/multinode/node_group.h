@@ -28,6 +28,8 @@ class NodeGroup {
 
   // In place: the sum over all nodes (identical bits on every node). Throws NodeFailed.
   void allreduceSum(at::Tensor& t, const char* what);
+  // The same for each tensor, all started before any is waited for.
+  void allreduceSum(std::vector<at::Tensor>& tensors, const char* what);
   // In place: node 0's values everywhere. Throws NodeFailed.
   void broadcastFromNode0(at::Tensor& t, const char* what);
   // Every node contributes `value`; returns all of them in node order. Throws NodeFailed.
