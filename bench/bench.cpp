@@ -263,9 +263,12 @@ Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
 // ---- shm across 2 nodes on loopback ------------------------------------------------
 // Two process trees (nodes), each an Aggregator with max(1, workers / 2) workers,
 // joined through c10d Gloo: the cross-node step (StepReport::node_ms) next to the
-// in-node reduction. Each node sends and receives about P x 4 bytes per step
-// (a ring allreduce of 2 nodes), plus a status line of 5 + (parameter tensors) doubles.
+// in-node reduction and to one Gloo allreduce of the same P floats between two
+// forked processes, measured in the same run. Each node sends and receives about
+// P x 4 bytes per step (a ring allreduce of 2 nodes); the status rides in the
+// same buffer (8 + parameter tensors floats).
 Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg);
+double glooAllreduceMs(int n, std::size_t count, int samples, int threads);
 
 // ---- gloo (forked peers, DDP style) ---------------------------------------------
 
@@ -416,10 +419,32 @@ Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg) {
   row.sync_us = 1000 * median(node_ms);
   row.extra["node_ms"] = median(node_ms);
   row.extra["bytes_per_node_per_step"] = 4.0 * static_cast<double>(paramCount(spec));
+  const double gloo = glooAllreduceMs(2, static_cast<std::size_t>(paramCount(spec)),
+                                      std::max(cfg.steps, 50), 1);
+  row.extra["gloo_allreduce_ms"] = gloo;
+  row.extra["node_over_gloo"] = median(node_ms) / gloo;
   return row;
 }
 
 // ---- reduce-only -------------------------------------------------------------------
+
+// The median time of one Gloo allreduce of `count` floats among n forked
+// processes, over `samples` calls after 3 unmeasured ones.
+double glooAllreduceMs(int n, std::size_t count, int samples, int threads) {
+  const int iterations = 3 + samples;
+  detail::Segment shared;
+  auto* ms = static_cast<double*>(sharedMapping(shared, sizeof(double) * iterations));
+  runGlooGroup(n, threads, [&](int rank, GlooPeer& peer) {
+    torch::Tensor t = torch::empty({static_cast<std::int64_t>(count)});
+    for (int s = 0; s < iterations; ++s) {
+      t.fill_(1.0f);
+      const auto t0 = Clock::now();
+      peer.allreduceSum(t);
+      if (rank == 0) ms[s] = msSince(t0);
+    }
+  });
+  return median(std::vector<double>(ms + 3, ms + iterations));
+}
 
 // Median over `samples` timings of `repeat` calls of `fn`, in ms per call.
 template <typename Fn>
@@ -465,19 +490,7 @@ Row runReduceOnly(const ModelSpec& spec, const Config& cfg) {
   }
   if (out[P / 2] <= 0 || c[stream_count / 2] != 3.0f) throw std::logic_error("reduce-only: wrong sums");
 
-  // A Gloo allreduce of the same P floats among n processes.
-  const int gloo_iterations = 3 + samples;
-  detail::Segment shared;
-  auto* gloo_ms = static_cast<double*>(sharedMapping(shared, sizeof(double) * gloo_iterations));
-  runGlooGroup(n, peerThreads(cfg), [&](int rank, GlooPeer& peer) {
-    torch::Tensor t = torch::empty({static_cast<std::int64_t>(P)});
-    for (int s = 0; s < gloo_iterations; ++s) {
-      t.fill_(1.0f);
-      const auto t0 = Clock::now();
-      peer.allreduceSum(t);
-      if (rank == 0) gloo_ms[s] = msSince(t0);
-    }
-  });
+  const double gloo = glooAllreduceMs(n, P, samples, peerThreads(cfg));
 
   Row row = makeRow(spec, "reduce-only", n, 1, samples);
   row.ms_per_step = median(reduce_ms);
@@ -488,7 +501,6 @@ Row runReduceOnly(const ModelSpec& spec, const Config& cfg) {
   row.extra["gbps_stream"] = stream_bytes / (stream * 1e6);
   row.extra["stream_ms"] = stream;
   row.extra["bandwidth_fraction"] = row.extra["gbps"] / row.extra["gbps_stream"];
-  const double gloo = median(std::vector<double>(gloo_ms + 3, gloo_ms + gloo_iterations));
   row.extra["gloo_allreduce_ms"] = gloo;
   row.extra["gloo_over_reduce"] = gloo / row.ms_per_step;
   return row;

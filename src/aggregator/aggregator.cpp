@@ -220,8 +220,9 @@ struct Aggregator::Impl {
     channel.await(map.header().reduced, options.step_timeout, Awaited{"step", steps_done});
     times.reduced = Clock::now();
     const LocalOutcome local = apply->collect();
+    const auto stage_begin = Clock::now();
     const StepTotals all = stage->reduce(local.totals, apply->flags(), results.fresh());
-    times.node_ms = millisSince(times.reduced);
+    times.node_ms = millisSince(stage_begin);
     if (local.failed >= 0) throw workerFailed(local.failed);
     if (all.failed)
       throw NodeFailed(fmt::format("gradagg: a worker on another node failed in step {}; no "
