@@ -20,6 +20,12 @@ constexpr auto kLivenessSlice = std::chrono::milliseconds(50);
 constexpr auto kParentCheck = std::chrono::milliseconds(100);
 }  // namespace
 
+std::chrono::nanoseconds SpinPolicy::budget() const noexcept {
+  return spin_ ? kSpin : std::chrono::nanoseconds(0);
+}
+
+void SpinPolicy::record(Clock::duration waited) noexcept { spin_ = waited <= kSpin; }
+
 std::string Awaited::describe() const {
   std::string out = number >= 0 ? fmt::format("{} {}", name, number) : std::string(name);
   if (detail != nullptr && detail[0] != '\0') out += fmt::format(" ({})", detail);
@@ -75,11 +81,15 @@ void ParentChannel::command(std::initializer_list<ArriveLine> lines) {
 
 void ParentChannel::await(const std::atomic<std::uint32_t>& line, std::chrono::milliseconds timeout,
                           const Awaited& what) {
-  const auto deadline = Clock::now() + timeout;
-  spinUntilEqual(line, 0, kSpin);
+  const auto begin = Clock::now();
+  const auto deadline = begin + timeout;
+  spinUntilEqual(line, 0, spin_.budget());
   for (;;) {
     const std::uint32_t left = line.load(std::memory_order_acquire);
-    if (left == 0) return;
+    if (left == 0) {
+      spin_.record(Clock::now() - begin);
+      return;
+    }
     checkAlive(what);
     const auto now = Clock::now();
     if (now >= deadline) {
@@ -151,22 +161,26 @@ WorkerChannel::WorkerChannel(std::atomic<std::uint32_t>& command_seq, WorkerWord
 
 std::optional<std::uint32_t> WorkerChannel::awaitCommand(std::uint32_t seen) {
   setPhase(Phase::kWaiting);
-  std::uint32_t v = spinWhileEqual(command_seq_, seen, kSpin);
+  const auto begin = Clock::now();
+  std::uint32_t v = spinWhileEqual(command_seq_, seen, command_spin_.budget());
   while (v == seen) {
     futexWait(command_seq_, seen, kParentCheck);
     v = command_seq_.load(std::memory_order_acquire);
     if (v == seen && ::getppid() != parent_) return std::nullopt;
   }
+  command_spin_.record(Clock::now() - begin);
   return v;
 }
 
-bool WorkerChannel::awaitZero(const std::atomic<std::uint32_t>& line) const {
-  std::uint32_t v = spinUntilEqual(line, 0, kSpin);
+bool WorkerChannel::awaitZero(const std::atomic<std::uint32_t>& line) {
+  const auto begin = Clock::now();
+  std::uint32_t v = spinUntilEqual(line, 0, line_spin_.budget());
   while (v != 0) {
     futexWait(line, v, kParentCheck);
     v = line.load(std::memory_order_acquire);
     if (v != 0 && ::getppid() != parent_) return false;
   }
+  line_spin_.record(Clock::now() - begin);
   return true;
 }
 

@@ -34,8 +34,23 @@
 #include <gradagg/errors.h>
 
 #include "core/process.h"
+#include "core/sync.h"
 
 namespace gradagg::detail {
+
+// How long a wait spins before it blocks. It spins (up to the budget) while
+// its previous round ended within the budget, and blocks at once while rounds
+// take longer: then spinning only takes a core from the processes it waits
+// for (on a machine with fewer cores than processes), and a futex wake-up costs
+// little next to the round.
+class SpinPolicy {
+ public:
+  std::chrono::nanoseconds budget() const noexcept;
+  void record(Clock::duration waited) noexcept;
+
+ private:
+  bool spin_ = true;
+};
 
 // One worker's words, wherever its mode keeps them.
 struct WorkerWords {
@@ -131,6 +146,7 @@ class ParentChannel {
   ProcessSet* processes_ = nullptr;
   ChannelNames names_;
   DeathHandler on_death_;
+  SpinPolicy spin_;
   std::uint32_t seq_ = 0;  // the command_seq of the last command
   bool usable_ = false;
   std::string reason_;
@@ -144,7 +160,7 @@ class WorkerChannel {
   // nothing when the parent died.
   std::optional<std::uint32_t> awaitCommand(std::uint32_t seen);
   // Waits until `line` reads 0; false when the parent died.
-  bool awaitZero(const std::atomic<std::uint32_t>& line) const;
+  bool awaitZero(const std::atomic<std::uint32_t>& line);
   // Takes one from `line` and returns how many are left; the worker that took
   // the last one (0 left) has woken the waiters.
   std::uint32_t arrive(std::atomic<std::uint32_t>& line) const;
@@ -158,6 +174,7 @@ class WorkerChannel {
   std::atomic<std::uint32_t>& command_seq_;
   WorkerWords self_;
   pid_t parent_;
+  SpinPolicy command_spin_, line_spin_;
 };
 
 }  // namespace gradagg::detail
