@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "support.h"
+#include "support/support.h"
 
 namespace gradagg_test {
 namespace {

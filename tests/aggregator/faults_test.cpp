@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "core/test_seam.h"
-#include "support.h"
+#include "support/support.h"
 
 namespace gradagg_test {
 namespace {

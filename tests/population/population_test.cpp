@@ -15,7 +15,7 @@
 #include "core/process.h"
 #include "core/segment.h"
 #include "core/test_seam.h"
-#include "support.h"
+#include "support/support.h"
 
 namespace {
 

@@ -7,7 +7,7 @@
 
 #include <ATen/Parallel.h>
 
-#include "support.h"
+#include "support/support.h"
 
 namespace gradagg_test {
 namespace {

@@ -1,6 +1,6 @@
 // Several optimizer steps match single-process training step for step, and two
 // runs of the same training give bit-identical parameters.
-#include "support.h"
+#include "support/support.h"
 
 namespace gradagg_test {
 namespace {
