@@ -7,6 +7,7 @@
 
 #include <ATen/Parallel.h>
 
+#include "support/expect_throws.h"
 #include "support/support.h"
 
 namespace gradagg_test {
@@ -271,14 +272,10 @@ TEST_F(Behaviour, ShardExceptionRaisesWorkerFailedAndTheAggregatorStaysUsable) {
   agg.step();
   const auto grads = gradsOf(*model);
   const auto params = model->parameters();
-  try {
-    agg.step();
-    FAIL() << "expected WorkerFailed";
-  } catch (const gradagg::WorkerFailed& e) {
-    EXPECT_EQ(e.rank(), 1);
-    EXPECT_EQ(e.phase(), gradagg::Phase::kShard);
-    EXPECT_EQ(e.message(), "bad record in shard 1");
-    EXPECT_NE(std::string(e.what()).find("worker 1"), std::string::npos) << e.what();
+  if (const auto e = expectThrows<gradagg::WorkerFailed>([&] { agg.step(); }, "worker 1")) {
+    EXPECT_EQ(e->rank(), 1);
+    EXPECT_EQ(e->phase(), gradagg::Phase::kShard);
+    EXPECT_EQ(e->message(), "bad record in shard 1");
   }
   // Nothing was applied: .grad is still the previous step's.
   expectClose(gradsOf(*model), grads, 0, "grads after a failed step");
@@ -294,12 +291,9 @@ TEST_F(Behaviour, NonPositiveSampleCountIsAWorkerFailedNamingTheField) {
   gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext& c) {
     return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), c.rank == 1 ? 0 : 2};
   }, opts(2));
-  try {
-    agg.step();
-    FAIL() << "expected WorkerFailed";
-  } catch (const gradagg::WorkerFailed& e) {
-    EXPECT_EQ(e.rank(), 1);
-    EXPECT_NE(e.message().find("samples"), std::string::npos) << e.message();
+  if (const auto e = expectThrows<gradagg::WorkerFailed>([&] { agg.step(); })) {
+    EXPECT_EQ(e->rank(), 1);
+    EXPECT_NE(e->message().find("samples"), std::string::npos) << e->message();
   }
 }
 
@@ -321,12 +315,8 @@ TEST_F(Behaviour, ReplacingAParameterInTheReplicaIsReportedByName) {
     if (++calls == 1) model->named_parameters()["bias"].set_data(torch::zeros({1}));
     return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), 4};
   }, opts(1));
-  try {
-    agg.step();
-    FAIL() << "expected WorkerFailed";
-  } catch (const gradagg::WorkerFailed& e) {
-    EXPECT_NE(e.message().find("'bias'"), std::string::npos) << e.message();
-  }
+  if (const auto e = expectThrows<gradagg::WorkerFailed>([&] { agg.step(); }))
+    EXPECT_NE(e->message().find("'bias'"), std::string::npos) << e->message();
   // The replica was put back: the next step works and matches the reference.
   const auto want = fullBatchGrads(*model, data);
   agg.step();
@@ -344,13 +334,10 @@ TEST_F(Behaviour, WritingAParameterInAWorkerKillsItWithSigsegvAndIsReported) {
     }
     return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), 4};
   }, opts(2));
-  try {
-    agg.step();
-    FAIL() << "expected WorkerDied";
-  } catch (const gradagg::WorkerDied& e) {
-    EXPECT_EQ(e.rank(), 1);
-    EXPECT_EQ(e.signal(), SIGSEGV);
-    EXPECT_EQ(e.phase(), gradagg::Phase::kShard);
+  if (const auto e = expectThrows<gradagg::WorkerDied>([&] { agg.step(); })) {
+    EXPECT_EQ(e->rank(), 1);
+    EXPECT_EQ(e->signal(), SIGSEGV);
+    EXPECT_EQ(e->phase(), gradagg::Phase::kShard);
   }
   EXPECT_TRUE(torch::equal(model->parameters()[0], before));
   EXPECT_FALSE(agg.usable());
@@ -371,14 +358,10 @@ TEST_F(Behaviour, KilledWorkerRaisesWorkerDiedNamingRankPhaseAndSignal) {
   std::vector<torch::Tensor> params;
   for (auto& p : model->parameters()) params.push_back(p.detach().clone());
   const auto t0 = std::chrono::steady_clock::now();
-  try {
-    agg.step();
-    FAIL() << "expected WorkerDied";
-  } catch (const gradagg::WorkerDied& e) {
-    EXPECT_EQ(e.rank(), 2);
-    EXPECT_EQ(e.signal(), SIGKILL);
-    EXPECT_EQ(e.phase(), gradagg::Phase::kShard);
-    EXPECT_NE(std::string(e.what()).find("signal 9"), std::string::npos) << e.what();
+  if (const auto e = expectThrows<gradagg::WorkerDied>([&] { agg.step(); }, "signal 9")) {
+    EXPECT_EQ(e->rank(), 2);
+    EXPECT_EQ(e->signal(), SIGKILL);
+    EXPECT_EQ(e->phase(), gradagg::Phase::kShard);
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
   for (size_t k = 0; k < params.size(); ++k)
@@ -397,12 +380,9 @@ TEST_F(Behaviour, LateWorkerRaisesStepTimeoutNamingItsRank) {
     return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), 4};
   }, o);
   const auto t0 = std::chrono::steady_clock::now();
-  try {
-    agg.step();
-    FAIL() << "expected StepTimeout";
-  } catch (const gradagg::StepTimeout& e) {
-    EXPECT_EQ(e.rank(), 1);
-    EXPECT_EQ(e.phase(), gradagg::Phase::kShard);
+  if (const auto e = expectThrows<gradagg::StepTimeout>([&] { agg.step(); })) {
+    EXPECT_EQ(e->rank(), 1);
+    EXPECT_EQ(e->phase(), gradagg::Phase::kShard);
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
   EXPECT_FALSE(agg.usable());
@@ -443,13 +423,8 @@ TEST_F(Behaviour, DefaultThreadsPerWorkerSplitsTheCores) {
 TEST_F(Behaviour, BadOptionsAreInvalidArgumentsNamingTheField) {
   auto model = makeModel(ModelKind::kLinear, torch::kFloat);
   auto noop = [](const gradagg::ShardContext&) { return gradagg::ShardResult{}; };
-  auto expectField = [&](gradagg::Options o, const std::string& field) {
-    try {
-      gradagg::Aggregator agg(*model, noop, o);
-      ADD_FAILURE() << "expected InvalidArgument for " << field;
-    } catch (const gradagg::InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
-    }
+  auto expectField = [&](const gradagg::Options& o, const std::string& field) {
+    expectThrows<gradagg::InvalidArgument>([&] { gradagg::Aggregator agg(*model, noop, o); }, field);
   };
   gradagg::Options o;
   o.workers = 0;
@@ -470,13 +445,10 @@ TEST_F(Behaviour, UnsupportedParameterDtypeIsAnInvalidArgumentNamingIt) {
     Half() { w = register_parameter("w", torch::ones({2}, torch::kHalf)); }
     torch::Tensor w;
   } m;
-  try {
-    gradagg::Aggregator agg(m, [](const gradagg::ShardContext&) { return gradagg::ShardResult{}; });
-    FAIL() << "expected InvalidArgument";
-  } catch (const gradagg::InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("'w'"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("Half"), std::string::npos) << e.what();
-  }
+  auto noop = [](const gradagg::ShardContext&) { return gradagg::ShardResult{}; };
+  if (const auto e = expectThrows<gradagg::InvalidArgument>(
+          [&] { gradagg::Aggregator agg(m, noop); }, "'w'"))
+    EXPECT_NE(std::string(e->what()).find("Half"), std::string::npos) << e->what();
 }
 
 TEST_F(Behaviour, ParameterReshapedInTheParentIsAnInvalidArgumentBeforeAnyUpdate) {
@@ -485,12 +457,7 @@ TEST_F(Behaviour, ParameterReshapedInTheParentIsAnInvalidArgumentBeforeAnyUpdate
   gradagg::Aggregator agg(*model, shardFn(*model, data, shardBounds(8, 2, false)), opts(2));
   agg.step();
   model->named_parameters()["fc2.bias"].set_data(torch::zeros({5}));
-  try {
-    agg.step();
-    FAIL() << "expected InvalidArgument";
-  } catch (const gradagg::InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("'fc2.bias'"), std::string::npos) << e.what();
-  }
+  expectThrows<gradagg::InvalidArgument>([&] { agg.step(); }, "'fc2.bias'");
 }
 
 TEST_F(Behaviour, ParameterValueReplacedInTheParentIsTakenBackIntoTheSnapshot) {

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "core/test_seam.h"
+#include "support/expect_throws.h"
 #include "support/support.h"
 
 namespace gradagg_test {
@@ -76,15 +77,11 @@ TEST_P(KilledInPhase, RaisesWorkerDiedWithinASecondAndChangesNothing) {
   if (target == Phase::kWaiting) ::kill(agg.workerPids()[1], SIGKILL);  // killed while idle
 
   const auto t0 = std::chrono::steady_clock::now();
-  try {
-    agg.step();
-    FAIL() << "expected WorkerDied";
-  } catch (const gradagg::WorkerDied& e) {
-    EXPECT_EQ(e.rank(), 1);
-    EXPECT_EQ(e.phase(), target) << e.what();
-    EXPECT_EQ(e.signal(), SIGKILL);
-    EXPECT_NE(std::string(e.what()).find(gradagg::phaseName(target)), std::string::npos)
-        << e.what();
+  if (const auto e = expectThrows<gradagg::WorkerDied>([&] { agg.step(); },
+                                                      gradagg::phaseName(target))) {
+    EXPECT_EQ(e->rank(), 1);
+    EXPECT_EQ(e->phase(), target) << e->what();
+    EXPECT_EQ(e->signal(), SIGKILL);
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
   EXPECT_TRUE(bitIdentical(paramsOf(*model), params)) << "parameters changed";
@@ -227,13 +224,9 @@ TEST_F(GradaggTest, StoppedWorkerMissesTheDeadlineAndIsNamed) {
   ::kill(victim, SIGSTOP);
   while (procState(victim) != 'T') std::this_thread::sleep_for(1ms);  // stopped while waiting
   const auto t0 = std::chrono::steady_clock::now();
-  try {
-    agg.step();
-    FAIL() << "expected StepTimeout";
-  } catch (const gradagg::StepTimeout& e) {
-    EXPECT_EQ(e.rank(), 2);
-    EXPECT_EQ(e.phase(), Phase::kWaiting);
-    EXPECT_NE(std::string(e.what()).find("300 ms"), std::string::npos) << e.what();
+  if (const auto e = expectThrows<gradagg::StepTimeout>([&] { agg.step(); }, "300 ms")) {
+    EXPECT_EQ(e->rank(), 2);
+    EXPECT_EQ(e->phase(), Phase::kWaiting);
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
   EXPECT_TRUE(childPids().empty());
@@ -257,13 +250,9 @@ TEST_F(GradaggTest, NonFiniteGradientRaisesNamingRankAndParameterByDefault) {
   agg.step();
   const auto params = paramsOf(*model);
   const auto grads = gradsOf(*model);
-  try {
-    agg.step();
-    FAIL() << "expected NonFiniteGradient";
-  } catch (const gradagg::NonFiniteGradient& e) {
-    EXPECT_EQ(e.rank(), 1);
-    EXPECT_EQ(e.parameter(), "theta") << e.what();
-    EXPECT_NE(std::string(e.what()).find("'theta'"), std::string::npos) << e.what();
+  if (const auto e = expectThrows<gradagg::NonFiniteGradient>([&] { agg.step(); }, "'theta'")) {
+    EXPECT_EQ(e->rank(), 1);
+    EXPECT_EQ(e->parameter(), "theta") << e->what();
   }
   EXPECT_TRUE(bitIdentical(paramsOf(*model), params));
   expectClose(gradsOf(*model), grads, 0, ".grad after the refused step");
@@ -347,12 +336,7 @@ TEST_F(GradaggTest, ParameterAddedAfterConstructionIsAnInvalidArgument) {
   gradagg::Aggregator agg(*model, shardFn(*model, data, shardBounds(4, 2, false)), {});
   agg.step();
   model->register_parameter("extra", torch::zeros({3}));
-  try {
-    agg.step();
-    FAIL() << "expected InvalidArgument";
-  } catch (const gradagg::InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("parameter list changed"), std::string::npos) << e.what();
-  }
+  expectThrows<gradagg::InvalidArgument>([&] { agg.step(); }, "parameter list changed");
   EXPECT_TRUE(agg.usable());
 }
 

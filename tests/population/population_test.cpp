@@ -15,6 +15,7 @@
 #include "core/process.h"
 #include "core/segment.h"
 #include "core/test_seam.h"
+#include "support/expect_throws.h"
 #include "support/support.h"
 
 namespace {
@@ -23,6 +24,7 @@ using gradagg::DecisionRng;
 using gradagg::Hyperparams;
 using gradagg::Policy;
 using gradagg::PolicyInput;
+using gradagg_test::expectThrows;
 namespace pop = gradagg::detail::pop;
 
 // ---- seqlock snapshots, torch-free, in real processes -------------------------
@@ -443,14 +445,11 @@ TEST_F(PopulationRunTest, AMemberKilledMidPublishRaisesWorkerDiedAndItsLastSnaps
   population.generation();
   const auto before = population.snapshot(1);
   ASSERT_EQ(before.version, 2u);
-  try {
-    population.generation();
-    FAIL() << "no WorkerDied";
-  } catch (const gradagg::WorkerDied& e) {
-    EXPECT_EQ(e.rank(), 1);
-    EXPECT_EQ(e.phase(), gradagg::Phase::kPublishing);
-    EXPECT_EQ(e.signal(), SIGKILL);
-    EXPECT_NE(std::string(e.what()).find("publishing its snapshot"), std::string::npos) << e.what();
+  if (const auto e = expectThrows<gradagg::WorkerDied>([&] { population.generation(); },
+                                                      "publishing its snapshot")) {
+    EXPECT_EQ(e->rank(), 1);
+    EXPECT_EQ(e->phase(), gradagg::Phase::kPublishing);
+    EXPECT_EQ(e->signal(), SIGKILL);
   }
   EXPECT_FALSE(population.usable());
   const auto after = population.snapshot(1);
@@ -464,12 +463,8 @@ TEST_F(PopulationRunTest, AMemberKilledBetweenGenerationsIsNamed) {
   gradagg::Population population(*f.net, f.fns(), options(Policy::tournament()));
   population.generation();
   ::kill(population.workerPids()[2], SIGKILL);
-  try {
-    population.generation();
-    FAIL() << "no WorkerDied";
-  } catch (const gradagg::WorkerDied& e) {
-    EXPECT_EQ(e.rank(), 2);
-  }
+  if (const auto e = expectThrows<gradagg::WorkerDied>([&] { population.generation(); }))
+    EXPECT_EQ(e->rank(), 2);
 }
 
 TEST_F(PopulationRunTest, AThrowingTrainStepIsWorkerFailedWithItsMessage) {
@@ -479,12 +474,9 @@ TEST_F(PopulationRunTest, AThrowingTrainStepIsWorkerFailedWithItsMessage) {
     if (c.rank == 3 && c.step == 2) throw std::runtime_error("bad batch");
   };
   gradagg::Population population(*f.net, fns, options(Policy::none()));
-  try {
-    population.generation();
-    FAIL() << "no WorkerFailed";
-  } catch (const gradagg::WorkerFailed& e) {
-    EXPECT_EQ(e.rank(), 3);
-    EXPECT_EQ(e.message(), "bad batch");
+  if (const auto e = expectThrows<gradagg::WorkerFailed>([&] { population.generation(); })) {
+    EXPECT_EQ(e->rank(), 3);
+    EXPECT_EQ(e->message(), "bad batch");
   }
 }
 
@@ -554,12 +546,9 @@ TEST_F(PopulationRunTest, AHangingMemberIsAStepTimeoutNamingIt) {
   o.step_timeout = std::chrono::milliseconds(500);
   gradagg::Population population(*f.net, fns, o);
   const auto t0 = std::chrono::steady_clock::now();
-  try {
-    population.generation();
-    FAIL() << "no StepTimeout";
-  } catch (const gradagg::StepTimeout& e) {
-    EXPECT_EQ(e.rank(), 2);
-    EXPECT_EQ(e.phase(), gradagg::Phase::kTraining);
+  if (const auto e = expectThrows<gradagg::StepTimeout>([&] { population.generation(); })) {
+    EXPECT_EQ(e->rank(), 2);
+    EXPECT_EQ(e->phase(), gradagg::Phase::kTraining);
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
   EXPECT_FALSE(population.usable());
@@ -572,12 +561,7 @@ TEST(PopulationOptionsTest, BadOptionsNameTheField) {
   o.workers = 2;
   o.policy = Policy::random(0.1);
   o.optimizer_state_bytes = 0;
-  try {
-    o.validate();
-    FAIL();
-  } catch (const gradagg::InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("copy_optimizer_state"), std::string::npos);
-  }
+  expectThrows<gradagg::InvalidArgument>([&] { o.validate(); }, "copy_optimizer_state");
 }
 
 }  // namespace
