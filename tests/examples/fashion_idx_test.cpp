@@ -9,15 +9,17 @@
 
 #include <gtest/gtest.h>
 
+#include "idx.h"
+
+#include "core/temp_dir.h"
 #include "fashion_support.h"
 #include "support/expect_throws.h"
-#include "idx.h"
 
 namespace {
 
-using fashion_test::TempDir;
 using fashion_test::readBytes;
 using fashion_test::writeBytes;
+using gradagg::detail::TempDir;
 using gradagg_test::expectThrows;
 
 idx::IdxArray counting(std::vector<std::uint32_t> dims) {

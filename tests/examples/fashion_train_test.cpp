@@ -11,15 +11,17 @@
 #include <torch/torch.h>
 
 #include "fashion_model.h"
-#include "fashion_support.h"
 #include "fashion_train.h"
-#include "support/expect_throws.h"
 #include "idx.h"
+
+#include "core/temp_dir.h"
+#include "fashion_support.h"
+#include "support/expect_throws.h"
 
 namespace {
 
 using fashion::OptimizerKind;
-using fashion_test::TempDir;
+using gradagg::detail::TempDir;
 using gradagg_test::expectThrows;
 
 constexpr int kSide = 8;  // 8x8 images: small and quick, the reader takes any size

@@ -5,9 +5,9 @@
 
 #include <csignal>
 #include <cstdlib>
-#include <filesystem>
 #include <thread>
 
+#include "core/temp_dir.h"
 #include "support/support.h"
 
 namespace gradagg_test {
@@ -160,16 +160,9 @@ std::vector<NodeResult> runNodes(std::vector<NodeRun> runs) {
 
 class MultiNode : public GradaggTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/gradagg-nodes-XXXXXX";
-    dir_ = ::mkdtemp(tmpl);
-  }
-  void TearDown() override {
-    std::filesystem::remove_all(dir_);
-    GradaggTest::TearDown();
-  }
-  std::string store(const std::string& name) { return dir_ + "/" + name; }
-  std::string dir_;
+  // A FileStore path for one group of nodes, in a directory of this test's own.
+  std::string store(const std::string& name) const { return dir_.file(name); }
+  gradagg::detail::TempDir dir_{"nodes"};
 };
 
 std::vector<torch::Tensor> trainOneNode(int workers, const NodeRun& like) {

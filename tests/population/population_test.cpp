@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <csignal>
-#include <cstdio>
 #include <fstream>
 #include <thread>
 
@@ -14,6 +13,7 @@
 #include "population/layout.h"
 #include "core/process.h"
 #include "core/segment.h"
+#include "core/temp_dir.h"
 #include "core/test_seam.h"
 #include "support/expect_throws.h"
 #include "support/support.h"
@@ -362,8 +362,8 @@ class PopulationRunTest : public gradagg_test::GradaggTest {};
 
 TEST_F(PopulationRunTest, LineageLinesMatchTheCopiesMade) {
   Fixture f;
-  const std::string path = ::testing::TempDir() + "population_lineage_" + std::to_string(::getpid()) + ".jsonl";
-  std::remove(path.c_str());
+  const gradagg::detail::TempDir dir("population");
+  const std::string path = dir.file("lineage.jsonl");
   auto o = options(Policy::random(0.5));
   o.lineage_path = path;
   std::vector<gradagg::CopyEvent> all;
@@ -393,11 +393,11 @@ TEST_F(PopulationRunTest, LineageLinesMatchTheCopiesMade) {
     EXPECT_EQ(j.at("hyperparams_after").get<Hyperparams>(), all[i].after);
   }
   EXPECT_EQ(i, all.size());
-  std::remove(path.c_str());
 }
 
 TEST_F(PopulationRunTest, ResumingFromACheckpointEqualsAnUninterruptedRun) {
-  const std::string path = ::testing::TempDir() + "population_ckpt_" + std::to_string(::getpid()) + ".pt";
+  const gradagg::detail::TempDir dir("population");
+  const std::string path = dir.file("checkpoint.pt");
   auto o = options(Policy::random(0.5));
   std::vector<gradagg::MemberSnapshot> want, got;
   {
@@ -430,7 +430,6 @@ TEST_F(PopulationRunTest, ResumingFromACheckpointEqualsAnUninterruptedRun) {
     EXPECT_EQ(sgdState(got[r].optimizer_state).first.size(), 2u);
     expectEqual(sgdState(got[r].optimizer_state).first, sgdState(want[r].optimizer_state).first, who + " momentum");
   }
-  std::remove(path.c_str());
 }
 
 TEST_F(PopulationRunTest, AMemberKilledMidPublishRaisesWorkerDiedAndItsLastSnapshotStaysWhole) {
