@@ -14,12 +14,6 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(Opt opt, torch::nn::Modul
   return std::make_unique<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(0.01));
 }
 
-std::vector<torch::Tensor> paramsOf(torch::nn::Module& m) {
-  std::vector<torch::Tensor> out;
-  for (auto& p : m.parameters()) out.push_back(p.detach().clone());
-  return out;
-}
-
 struct TrainCase {
   Opt opt;
   torch::Dtype dtype;
