@@ -1,5 +1,6 @@
 // A node that fails ends the step on every node with a named error: a killed or
-// stalled node (within the timeout), diverged parameters, different models.
+// stalled node (within the timeout), diverged parameters, different models, a
+// worker that fails on another node; and what a NodeFailed leaves behind.
 #include "node_harness.h"
 
 namespace gradagg_test {
@@ -65,6 +66,29 @@ TEST_F(MultiNode, DifferentModelsAreAClearErrorOnEveryNode) {
     EXPECT_EQ(r.outcome, kInvalidArgument) << r.what;
     EXPECT_NE(r.what.find("different model"), std::string::npos) << r.what;
   }
+}
+
+// include/gradagg/errors.h: after a NodeFailed "this node's workers are stopped [...];
+// the aggregator is no longer usable", also when what failed was a worker of another node.
+TEST_F(MultiNode, AWorkerFailingOnAnotherNodeLeavesThisNodeStoppedAndNotUsable) {
+  NodeRun run;
+  run.nodes = 2;
+  run.store = store("g");
+  run.timeout = 5000ms;  // bounds a step that would wait for a node that has gone
+  NodeRun other = run;
+  other.node = 1;
+  other.throw_at_step = 1;
+  const auto results = runNodes({run, other});
+  // Node 1's own worker failed: a WorkerFailed there, which leaves it usable.
+  EXPECT_EQ(results[1].outcome, kWorkerFailed) << results[1].what;
+  EXPECT_NE(results[1].what.find("bad record on node 1"), std::string::npos) << results[1].what;
+  // Node 0 hears of it as a NodeFailed...
+  ASSERT_EQ(results[0].outcome, kNodeFailed) << results[0].what;
+  EXPECT_NE(results[0].what.find("another node"), std::string::npos) << results[0].what;
+  // ...after which it is not usable: its workers are gone, step() is a NotUsable.
+  EXPECT_FALSE(results[0].usable_after) << "usable() is true after: " << results[0].what;
+  EXPECT_EQ(results[0].children_after, 0) << "node 0's workers were not stopped";
+  EXPECT_EQ(results[0].retry, kNotUsable) << "the next step() ended with: " << results[0].retry_what;
 }
 
 }  // namespace

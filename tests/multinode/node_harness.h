@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -27,20 +28,31 @@ struct NodeRun {
   int kill_self_at_step = -1;  // this node's parent dies (SIGKILL) during that step
   int perturb_after_step = -1;  // this node's parameters drift after that step
   int stop_self_at_step = -1;   // this node's parent stops (SIGSTOP) during that step: a stall
+  int throw_at_step = -1;       // this node's worker 0 throws from the shard function then
 };
 
-// What a node process sends back: an outcome code and its parameters.
-enum Outcome : int { kOk = 0, kNodeFailed = 1, kInvalidArgument = 2, kOther = 3 };
+// How a call ended: normally, or with which error.
+enum Outcome : int {
+  kOk = 0, kNodeFailed = 1, kInvalidArgument = 2, kOther = 3, kNotUsable = 4, kWorkerFailed = 5
+};
+void PrintTo(Outcome outcome, std::ostream* os);  // for GoogleTest's messages
 
-// Trains on this node: worker r takes the global shard of global rank offset + r.
-std::vector<torch::Tensor> trainNode(const NodeRun& run, Outcome* outcome, std::string* what);
-
+// What a node sends back.
 struct NodeResult {
-  Outcome outcome = kOther;
-  std::string what;
+  Outcome outcome = kOther;  // how the steps ended
+  std::string what;          // the error's message
   std::vector<torch::Tensor> params;
   double seconds = 0;
+  // After a NodeFailed: what the node's aggregator was left as (include/gradagg/errors.h
+  // says: workers stopped, no longer usable), and how one more step() ended.
+  bool usable_after = false;
+  int children_after = -1;   // the node's child processes (its workers) still there
+  Outcome retry = kOther;
+  std::string retry_what;
 };
+
+// Trains on this node: worker r takes the global shard of global rank offset + r.
+NodeResult trainNode(const NodeRun& run);
 
 // Starts one process per node, collects what each sends back through a pipe.
 std::vector<NodeResult> runNodes(std::vector<NodeRun> runs);
