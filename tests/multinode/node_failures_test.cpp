@@ -69,7 +69,13 @@ TEST_F(MultiNode, DifferentModelsAreAClearErrorOnEveryNode) {
 }
 
 // include/gradagg/errors.h: after a NodeFailed "this node's workers are stopped [...];
-// the aggregator is no longer usable", also when what failed was a worker of another node.
+// the aggregator is no longer usable", also when what failed was on another node.
+void expectStoppedAndNotUsable(const NodeResult& r) {
+  EXPECT_FALSE(r.usable_after) << "usable() is true after: " << r.what;
+  EXPECT_EQ(r.children_after, 0) << "the node's workers were not stopped";
+  EXPECT_EQ(r.retry, kNotUsable) << "the next step() ended with: " << r.retry_what;
+}
+
 TEST_F(MultiNode, AWorkerFailingOnAnotherNodeLeavesThisNodeStoppedAndNotUsable) {
   NodeRun run;
   run.nodes = 2;
@@ -82,13 +88,27 @@ TEST_F(MultiNode, AWorkerFailingOnAnotherNodeLeavesThisNodeStoppedAndNotUsable) 
   // Node 1's own worker failed: a WorkerFailed there, which leaves it usable.
   EXPECT_EQ(results[1].outcome, kWorkerFailed) << results[1].what;
   EXPECT_NE(results[1].what.find("bad record on node 1"), std::string::npos) << results[1].what;
-  // Node 0 hears of it as a NodeFailed...
+  // Node 0 hears of it as a NodeFailed, after which it is not usable.
   ASSERT_EQ(results[0].outcome, kNodeFailed) << results[0].what;
   EXPECT_NE(results[0].what.find("another node"), std::string::npos) << results[0].what;
-  // ...after which it is not usable: its workers are gone, step() is a NotUsable.
-  EXPECT_FALSE(results[0].usable_after) << "usable() is true after: " << results[0].what;
-  EXPECT_EQ(results[0].children_after, 0) << "node 0's workers were not stopped";
-  EXPECT_EQ(results[0].retry, kNotUsable) << "the next step() ended with: " << results[0].retry_what;
+  expectStoppedAndNotUsable(results[0]);
+}
+
+TEST_F(MultiNode, ANonFiniteGradientOnAnotherNodeLeavesThisNodeStoppedAndNotUsable) {
+  NodeRun run;
+  run.nodes = 2;
+  run.store = store("h");
+  run.timeout = 5000ms;
+  NodeRun other = run;
+  other.node = 1;
+  other.nan_loss_at_step = 1;  // NonFinitePolicy::kRaise, the default
+  const auto results = runNodes({run, other});
+  // Node 1 raises its own NonFiniteGradient (a WorkerFailed: it stays usable).
+  EXPECT_EQ(results[1].outcome, kWorkerFailed) << results[1].what;
+  ASSERT_EQ(results[0].outcome, kNodeFailed) << results[0].what;
+  EXPECT_NE(results[0].what.find("non-finite gradient on another node"), std::string::npos)
+      << results[0].what;
+  expectStoppedAndNotUsable(results[0]);
 }
 
 }  // namespace

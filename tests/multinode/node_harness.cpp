@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <csignal>
 #include <optional>
 #include <sstream>
@@ -125,6 +126,7 @@ NodeResult trainNode(const NodeRun& run) {
       const auto bounds = shardBounds(run.batch, c.global_workers, run.unequal);
       const int64_t b = bounds[c.global_rank], e = bounds[c.global_rank + 1];
       auto loss = model->loss(model->forward(data.x.slice(0, b, e)), data.y.slice(0, b, e));
+      if (c.step == run.nan_loss_at_step && c.rank == 0) loss = loss * std::nan("");
       return gradagg::ShardResult{loss, e - b};
     }, o);
     for (int s = 0; s < run.steps; ++s) {

@@ -29,6 +29,7 @@ struct NodeRun {
   int perturb_after_step = -1;  // this node's parameters drift after that step
   int stop_self_at_step = -1;   // this node's parent stops (SIGSTOP) during that step: a stall
   int throw_at_step = -1;       // this node's worker 0 throws from the shard function then
+  int nan_loss_at_step = -1;    // this node's worker 0 returns a NaN loss then
 };
 
 // How a call ended: normally, or with which error.
