@@ -38,8 +38,9 @@ TEST_F(Behaviour, UnsupportedParameterDtypeIsAnInvalidArgumentNamingIt) {
   } m;
   auto noop = [](const gradagg::ShardContext&) { return gradagg::ShardResult{}; };
   if (const auto e = expectThrows<gradagg::InvalidArgument>(
-          [&] { gradagg::Aggregator agg(m, noop); }, "'w'"))
+          [&] { gradagg::Aggregator agg(m, noop); }, "'w'")) {
     EXPECT_NE(std::string(e->what()).find("Half"), std::string::npos) << e->what();
+  }
 }
 
 TEST_F(Behaviour, ParameterReshapedInTheParentIsAnInvalidArgumentBeforeAnyUpdate) {

@@ -82,8 +82,9 @@ TEST_P(BufferSyncTest, ParentBuffersAfterAStepFollowThePolicy) {
     else
       EXPECT_TRUE(torch::equal(value, want)) << name;
   }
-  if (GetParam() != gradagg::BufferSync::kKeepParent)
+  if (GetParam() != gradagg::BufferSync::kKeepParent) {
     EXPECT_FALSE(torch::equal(buffersOf(*model).at("bn.running_mean"), before.at("bn.running_mean")));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, BufferSyncTest,

@@ -71,8 +71,9 @@ TEST_F(Behaviour, ReplacingAParameterInTheReplicaIsReportedByName) {
     if (++calls == 1) model->named_parameters()["bias"].set_data(torch::zeros({1}));
     return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), 4};
   }, opts(1));
-  if (const auto e = expectThrows<gradagg::WorkerFailed>([&] { agg.step(); }))
+  if (const auto e = expectThrows<gradagg::WorkerFailed>([&] { agg.step(); })) {
     EXPECT_NE(e->message().find("'bias'"), std::string::npos) << e->message();
+  }
   // The replica was put back: the next step works and matches the reference.
   const auto want = fullBatchGrads(*model, data);
   agg.step();

@@ -99,8 +99,9 @@ TEST(TempDir, AForkedChildThatDestroysItLeavesTheDirectoryToItsCreator) {
 TEST(TempDir, AMissingTmpdirIsASystemErrorWithErrno) {
   TempDir outer;
   ScopedTmpdir tmpdir(outer.file("absent"));
-  if (const auto e = expectThrows<std::system_error>([] { TempDir dir; }, "mkdtemp"))
+  if (const auto e = expectThrows<std::system_error>([] { TempDir dir; }, "mkdtemp")) {
     EXPECT_EQ(e->code(), std::errc::no_such_file_or_directory) << e->what();
+  }
 }
 
 }  // namespace

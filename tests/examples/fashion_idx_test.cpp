@@ -50,8 +50,9 @@ std::vector<unsigned char> header(unsigned char type, std::vector<std::uint32_t>
 // Expects readIdx(path) to throw an idx::Error naming the file and containing `problem`.
 void expectRejected(const std::string& path, const std::string& problem) {
   SCOPED_TRACE("reading " + path);
-  if (const auto e = expectThrows<idx::Error>([&] { idx::readIdx(path); }, problem))
+  if (const auto e = expectThrows<idx::Error>([&] { idx::readIdx(path); }, problem)) {
     EXPECT_NE(std::string(e->what()).find(path), std::string::npos) << e->what();
+  }
 }
 
 class FashionIdxRoundTrip : public ::testing::TestWithParam<bool> {};

@@ -85,7 +85,7 @@ TEST_F(MultiNode, AWorkerFailingOnAnotherNodeLeavesThisNodeStoppedAndNotUsable) 
   other.node = 1;
   other.throw_at_step = 1;
   const auto results = runNodes({run, other});
-  // Node 1's own worker failed: a WorkerFailed there, which leaves it usable.
+  // Node 1's own worker failed: node 1 gets the WorkerFailed.
   EXPECT_EQ(results[1].outcome, kWorkerFailed) << results[1].what;
   EXPECT_NE(results[1].what.find("bad record on node 1"), std::string::npos) << results[1].what;
   // Node 0 hears of it as a NodeFailed, after which it is not usable.
@@ -103,7 +103,7 @@ TEST_F(MultiNode, ANonFiniteGradientOnAnotherNodeLeavesThisNodeStoppedAndNotUsab
   other.node = 1;
   other.nan_loss_at_step = 1;  // NonFinitePolicy::kRaise, the default
   const auto results = runNodes({run, other});
-  // Node 1 raises its own NonFiniteGradient (a WorkerFailed: it stays usable).
+  // Node 1 gets its own worker's NonFiniteGradient (a WorkerFailed).
   EXPECT_EQ(results[1].outcome, kWorkerFailed) << results[1].what;
   ASSERT_EQ(results[0].outcome, kNodeFailed) << results[0].what;
   EXPECT_NE(results[0].what.find("non-finite gradient on another node"), std::string::npos)

@@ -250,8 +250,9 @@ TEST_F(PopulationRunTest, AMemberKilledBetweenGenerationsIsNamed) {
   gradagg::Population population(*f.net, f.fns(), options(Policy::tournament()));
   population.generation();
   ::kill(population.workerPids()[2], SIGKILL);
-  if (const auto e = expectThrows<gradagg::WorkerDied>([&] { population.generation(); }))
+  if (const auto e = expectThrows<gradagg::WorkerDied>([&] { population.generation(); })) {
     EXPECT_EQ(e->rank(), 2);
+  }
 }
 
 TEST_F(PopulationRunTest, AThrowingTrainStepIsWorkerFailedWithItsMessage) {
