@@ -9,14 +9,12 @@
 // kernel, next to a streaming c = a + b over as many bytes and a Gloo allreduce
 // of the same buffer. --check compares one step's mean gradient of shm and gloo.
 // See bench/README.md for the columns.
-#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <set>
@@ -31,6 +29,7 @@
 
 #include <gradagg/gradagg.h>
 
+#include "core/temp_dir.h"
 #include "forked_peers.h"
 #include "gloo_peer.h"
 #include "kernels.h"
@@ -273,29 +272,12 @@ double glooAllreduceMs(int n, std::size_t count, int samples, int threads);
 // ---- gloo (forked peers, DDP style) ---------------------------------------------
 
 // A fresh directory for one group's FileStore, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "gradagg-bench-XXXXXX").string();
-    if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed: " + std::string(std::strerror(errno)));
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using detail::TempDir;
 
 // Forks `n` peers that join one Gloo group and run `body(rank, peer)` (with
 // `threads` intra-op threads), and waits for them.
 void runGlooGroup(int n, int threads, const std::function<void(int, GlooPeer&)>& body) {
-  TempDir dir;
+  TempDir dir("bench");
   ForkedPeers peers;
   peers.spawn(n, [&](int rank) {
     at::set_num_threads(threads);
@@ -382,7 +364,7 @@ Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg) {
   };
   const int per_node = std::max(1, cfg.workers / 2);
   const int total_steps = cfg.warmup + cfg.steps;
-  TempDir dir;
+  TempDir dir("bench");
   detail::Segment shared;
   auto* times = static_cast<NodeTimes*>(sharedMapping(shared, sizeof(NodeTimes) * total_steps));
   ForkedPeers nodes;

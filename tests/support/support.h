@@ -50,6 +50,10 @@ std::vector<torch::Tensor> fullBatchGrads(TestModel& model, const Data& data);
 std::vector<torch::Tensor> perShardGrads(TestModel& model, const Data& data,
                                          const std::vector<int64_t>& bounds, bool by_samples);
 std::vector<torch::Tensor> gradsOf(torch::nn::Module& model);
+// The parameters' values (detached clones).
+std::vector<torch::Tensor> paramsOf(torch::nn::Module& model);
+// Same sizes and the same bits, tensor by tensor.
+bool bitIdentical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b);
 
 // ||a - b|| / max(||b||, tiny), in double.
 double relErr(const torch::Tensor& a, const torch::Tensor& b);

@@ -1,6 +1,6 @@
 // The mean gradient equals single-process autograd, for every model, worker
 // count, dtype and shard split.
-#include "support.h"
+#include "support/support.h"
 
 namespace gradagg_test {
 namespace {

@@ -1,43 +1,17 @@
-// Helpers shared by the Fashion-MNIST example's tests: a temporary directory and
-// the child-process check every multi-process test ends with.
+// Helpers shared by the Fashion-MNIST example's tests: files as bytes and the
+// child-process check every multi-process test ends with (torch-free, unlike
+// tests/support). Their files go in a gradagg::detail::TempDir (core/temp_dir.h).
 #pragma once
 
 #include <sys/types.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace fashion_test {
-
-// A fresh directory under $TMPDIR (or /tmp), removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base && *base ? base : "/tmp") + "/gradagg-fashion-XXXXXX";
-    std::vector<char> buffer(pattern.begin(), pattern.end());
-    buffer.push_back('\0');
-    if (::mkdtemp(buffer.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = buffer.data();
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 // Child processes of this process, over all its threads (from /proc).
 inline std::vector<pid_t> childPids() {

@@ -154,6 +154,19 @@ std::vector<torch::Tensor> gradsOf(torch::nn::Module& model) {
   return out;
 }
 
+std::vector<torch::Tensor> paramsOf(torch::nn::Module& model) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : model.parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+bool bitIdentical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t k = 0; k < a.size(); ++k)
+    if (!torch::equal(a[k], b[k])) return false;
+  return true;
+}
+
 std::vector<torch::Tensor> fullBatchGrads(TestModel& model, const Data& data) {
   auto ref = copyModel(model);
   ref->loss(ref->forward(data.x), data.y).backward();

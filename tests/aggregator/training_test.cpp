@@ -1,6 +1,6 @@
 // Several optimizer steps match single-process training step for step, and two
 // runs of the same training give bit-identical parameters.
-#include "support.h"
+#include "support/support.h"
 
 namespace gradagg_test {
 namespace {
@@ -12,12 +12,6 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(Opt opt, torch::nn::Modul
     return std::make_unique<torch::optim::SGD>(m.parameters(),
                                                torch::optim::SGDOptions(0.05).momentum(0.9));
   return std::make_unique<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(0.01));
-}
-
-std::vector<torch::Tensor> paramsOf(torch::nn::Module& m) {
-  std::vector<torch::Tensor> out;
-  for (auto& p : m.parameters()) out.push_back(p.detach().clone());
-  return out;
 }
 
 struct TrainCase {

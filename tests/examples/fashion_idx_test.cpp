@@ -9,14 +9,18 @@
 
 #include <gtest/gtest.h>
 
-#include "fashion_support.h"
 #include "idx.h"
+
+#include "core/temp_dir.h"
+#include "fashion_support.h"
+#include "support/expect_throws.h"
 
 namespace {
 
-using fashion_test::TempDir;
 using fashion_test::readBytes;
 using fashion_test::writeBytes;
+using gradagg::detail::TempDir;
+using gradagg_test::expectThrows;
 
 idx::IdxArray counting(std::vector<std::uint32_t> dims) {
   idx::IdxArray a;
@@ -45,13 +49,9 @@ std::vector<unsigned char> header(unsigned char type, std::vector<std::uint32_t>
 
 // Expects readIdx(path) to throw an idx::Error naming the file and containing `problem`.
 void expectRejected(const std::string& path, const std::string& problem) {
-  try {
-    idx::readIdx(path);
-    ADD_FAILURE() << path << " was read; expected an error containing '" << problem << "'";
-  } catch (const idx::Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find(path), std::string::npos) << what;
-    EXPECT_NE(what.find(problem), std::string::npos) << "expected '" << problem << "' in: " << what;
+  SCOPED_TRACE("reading " + path);
+  if (const auto e = expectThrows<idx::Error>([&] { idx::readIdx(path); }, problem)) {
+    EXPECT_NE(std::string(e->what()).find(path), std::string::npos) << e->what();
   }
 }
 
@@ -152,19 +152,13 @@ TEST(FashionIdx, RejectsImagesAndLabelsThatDisagree) {
   idx::writeIdx(dir.file("images.gz"), counting({5, 3, 3}), true);
   idx::IdxArray labels{{4}, {0, 1, 2, 3}};
   idx::writeIdx(dir.file("labels.gz"), labels, true);
-  try {
-    idx::readLabelledImages(dir.file("images.gz"), dir.file("labels.gz"));
-    ADD_FAILURE() << "5 images with 4 labels were accepted";
-  } catch (const idx::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("4 labels for 5 images"), std::string::npos) << e.what();
-  }
+  expectThrows<idx::Error>(
+      [&] { idx::readLabelledImages(dir.file("images.gz"), dir.file("labels.gz")); },
+      "4 labels for 5 images");
   idx::writeIdx(dir.file("labels.gz"), idx::IdxArray{{5}, {0, 1, 2, 10, 3}}, true);
-  try {
-    idx::readLabelledImages(dir.file("images.gz"), dir.file("labels.gz"));
-    ADD_FAILURE() << "label 10 was accepted with 10 classes";
-  } catch (const idx::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("label 10 at index 3"), std::string::npos) << e.what();
-  }
+  expectThrows<idx::Error>(
+      [&] { idx::readLabelledImages(dir.file("images.gz"), dir.file("labels.gz")); },
+      "label 10 at index 3");
   // Labels where images are expected.
   EXPECT_THROW(idx::readLabelledImages(dir.file("labels.gz"), dir.file("labels.gz")), idx::Error);
 }
@@ -172,13 +166,8 @@ TEST(FashionIdx, RejectsImagesAndLabelsThatDisagree) {
 TEST(FashionIdx, NamesTheMissingFileOfADirectory) {
   TempDir dir;
   idx::writeIdx(dir.file("train-images-idx3-ubyte.gz"), counting({4, 2, 2}), true);
-  try {
-    idx::readMnistDir(dir.path());
-    ADD_FAILURE() << "a directory without labels was accepted";
-  } catch (const idx::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(dir.file("train-labels-idx1-ubyte.gz")), std::string::npos)
-        << e.what();
-  }
+  expectThrows<idx::Error>([&] { idx::readMnistDir(dir.path()); },
+                           dir.file("train-labels-idx1-ubyte.gz"));
 }
 
 TEST(FashionIdx, ReadsTheDebianFilesWhenInstalled) {

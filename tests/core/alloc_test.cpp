@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <new>
 
-#include "support.h"
+#include "support/support.h"
 
 namespace {
 std::atomic<long> g_allocations{0};

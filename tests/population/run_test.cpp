@@ -1,21 +1,21 @@
-// Population mode: seqlock snapshots across processes, the policies' decisions,
-// what a copy carries, the lineage log, checkpoint/resume and faults.
+// Populations of real members: what a copy carries, the lineage log,
+// checkpoint/resume, ready interval and resampling, and members that die, throw or
+// hang (named errors, restarts from the latest snapshot).
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
-#include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
-#include "population/layout.h"
-#include "core/process.h"
-#include "core/segment.h"
+#include "core/temp_dir.h"
 #include "core/test_seam.h"
-#include "support.h"
+#include "support/expect_throws.h"
+#include "support/support.h"
 
 namespace {
 
@@ -23,217 +23,7 @@ using gradagg::DecisionRng;
 using gradagg::Hyperparams;
 using gradagg::Policy;
 using gradagg::PolicyInput;
-namespace pop = gradagg::detail::pop;
-
-// ---- seqlock snapshots, torch-free, in real processes -------------------------
-
-struct OneMember {
-  pop::PopLayout layout;
-  gradagg::detail::Segment segment;
-  pop::MemberArea area;
-  std::size_t floats;
-  explicit OneMember(std::size_t n) : floats(n) {
-    pop::PopSizes s;
-    s.workers = 1;
-    s.param_bytes = gradagg::detail::alignUp(n * sizeof(float), 64);
-    layout = pop::PopLayout::plan(s, gradagg::detail::pageBytes());
-    segment = gradagg::detail::Segment::createAnonymous(layout.segment_bytes);
-    area = pop::memberArea(segment.base(), layout, 0);
-  }
-  void publish(std::uint64_t version, const std::function<void()>& midway = {}) {
-    pop::MetaValues m;
-    m.version = version;
-    m.step = static_cast<std::int64_t>(version) * 10;
-    pop::publish(area, m, [&](std::byte* p) {
-      auto* f = reinterpret_cast<float*>(p);
-      for (std::size_t i = 0; i < floats; ++i) f[i] = static_cast<float>(version);
-    }, midway);
-  }
-  // 0: a consistent copy of a published version; otherwise what was wrong.
-  int readAndCheck(std::vector<float>& buf, std::uint64_t* version) {
-    pop::MetaValues m;
-    const auto all = [&](const pop::MetaValues&) { return layout.sizes.param_bytes; };
-    if (!pop::read(area, &m, reinterpret_cast<std::byte*>(buf.data()), all, 1000000)) return 2;
-    if (m.step != static_cast<std::int64_t>(m.version) * 10) return 3;
-    for (std::size_t i = 0; i < floats; ++i)
-      if (buf[i] != static_cast<float>(m.version)) return 4;
-    *version = m.version;
-    return 0;
-  }
-};
-
-class PopulationSnapshotTest : public gradagg_test::GradaggTest {};
-
-TEST_F(PopulationSnapshotTest, ReadersInOtherProcessesOnlyEverSeePublishedVersions) {
-  OneMember m(1 << 16);  // 256 KiB per snapshot: a copy takes long enough to overlap writes
-  m.publish(1);
-  // Shared: how many readers are satisfied. The writer publishes until all are.
-  auto* satisfied = static_cast<std::atomic<int>*>(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE,
-                                                          MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-  ASSERT_NE(satisfied, MAP_FAILED);
-  satisfied->store(0);
-  constexpr int kReaders = 3;
-  gradagg::detail::ProcessSet procs;
-  procs.spawn([&] {
-    std::uint64_t v = 2;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    for (; satisfied->load() < kReaders; ++v) {
-      m.publish(v);
-      if (std::chrono::steady_clock::now() > deadline) return 1;
-    }
-    return 0;
-  });
-  for (int reader = 0; reader < kReaders; ++reader) {
-    procs.spawn([&] {
-      std::vector<float> buf(m.layout.sizes.param_bytes / sizeof(float));
-      std::uint64_t last = 0, v = 0;
-      int reads = 0, versions = 0;
-      while (versions < 300) {  // distinct versions seen, each read while the writer ran
-        if (int bad = m.readAndCheck(buf, &v)) return 10 + bad;
-        if (v < last) return 20;  // versions never go back
-        versions += v != last;
-        last = v;
-        ++reads;
-      }
-      satisfied->fetch_add(1);
-      return 0;
-    });
-  }
-  const bool ended = procs.waitAll(std::chrono::seconds(120));
-  ::munmap(satisfied, 4096);
-  ASSERT_TRUE(ended) << "deadline";
-  for (std::size_t i = 0; i < procs.size(); ++i) {
-    auto exit = procs.poll(i);
-    ASSERT_TRUE(exit.has_value());
-    EXPECT_EQ(exit->exit_status, 0) << "process " << i << " " << exit->describe();
-  }
-}
-
-TEST_F(PopulationSnapshotTest, AWriterKilledMidPublishLeavesThePreviousVersionReadable) {
-  OneMember m(1000);
-  m.publish(1);
-  m.publish(2);
-  gradagg::detail::ProcessSet procs;
-  procs.spawn([&] {
-    m.publish(3, [] { ::raise(SIGKILL); });
-    return 0;
-  });
-  ASSERT_TRUE(procs.waitAll(std::chrono::seconds(30)));
-  EXPECT_EQ(procs.poll(0)->signal, SIGKILL);
-  std::vector<float> buf(m.layout.sizes.param_bytes / sizeof(float));
-  std::uint64_t v = 0;
-  ASSERT_EQ(m.readAndCheck(buf, &v), 0);
-  EXPECT_EQ(v, 2u);
-  // The next writer recovers the half-written slot.
-  m.publish(3);
-  m.publish(4);
-  m.publish(5);
-  ASSERT_EQ(m.readAndCheck(buf, &v), 0);
-  EXPECT_EQ(v, 5u);
-}
-
-// ---- policies ---------------------------------------------------------------
-
-PolicyInput input(int rank, std::vector<double> scores, bool higher = false) {
-  PolicyInput in;
-  in.rank = rank;
-  in.workers = static_cast<int>(scores.size());
-  in.scores = std::move(scores);
-  in.higher_is_better = higher;
-  return in;
-}
-
-TEST(PopulationPolicy, NoneNeverCopies) {
-  auto rng = DecisionRng::derive(1, 0, 0, 4);
-  for (int i = 0; i < 100; ++i) EXPECT_EQ(Policy::none().chooseDonor(input(0, {1, 0}), rng), -1);
-}
-
-TEST(PopulationPolicy, RandomCopiesWithProbabilityPAUniformOtherMember) {
-  const Policy p = Policy::random(0.15);
-  std::vector<int> donors(4, 0);
-  int copies = 0;
-  constexpr int kDraws = 40000;
-  for (int i = 0; i < kDraws; ++i) {
-    auto rng = DecisionRng::derive(7, 2, i, 4);
-    const int d = p.chooseDonor(input(2, {0, 0, 0, 0}), rng);
-    if (d < 0) continue;
-    ASSERT_NE(d, 2);
-    ++copies;
-    ++donors[static_cast<std::size_t>(d)];
-  }
-  EXPECT_NEAR(copies / double(kDraws), 0.15, 0.01);
-  for (int r : {0, 1, 3}) EXPECT_NEAR(donors[r] / double(copies), 1 / 3.0, 0.03) << r;
-  EXPECT_EQ(donors[2], 0);
-  // The same (seed, rank, step) gives the same decision.
-  for (int i = 0; i < 50; ++i) {
-    auto a = DecisionRng::derive(3, 1, i, 4), b = DecisionRng::derive(3, 1, i, 4);
-    EXPECT_EQ(p.chooseDonor(input(1, {0, 0, 0}), a), p.chooseDonor(input(1, {0, 0, 0}), b));
-  }
-  EXPECT_THROW(Policy::random(1.5), gradagg::InvalidArgument);
-}
-
-TEST(PopulationPolicy, TruncationBottomCopiesTop) {
-  const Policy p = Policy::truncation(0.2);
-  // Lower is better: best 1 and 4, worst 2 and 0 (10 members: 2 each side).
-  const std::vector<double> s = {9, 0.1, 10, 5, 0.2, 4, 3, 6, 7, 2};
-  std::vector<int> donors(10, 0);
-  for (int i = 0; i < 2000; ++i) {
-    for (int r = 0; r < 10; ++r) {
-      auto rng = DecisionRng::derive(5, r, i, 4);
-      const int d = p.chooseDonor(input(r, s), rng);
-      if (r == 2 || r == 0) {
-        ASSERT_TRUE(d == 1 || d == 4) << r << " copied " << d;
-        ++donors[static_cast<std::size_t>(d)];
-      } else {
-        ASSERT_EQ(d, -1) << r;
-      }
-    }
-  }
-  EXPECT_NEAR(donors[1] / 4000.0, 0.5, 0.05);
-  // Higher is better flips it; 4 members with fraction 0.25: one each side.
-  const Policy q = Policy::truncation(0.25);
-  auto rng = DecisionRng::derive(5, 0, 0, 4);
-  EXPECT_EQ(q.chooseDonor(input(1, {0.5, 0.1, 0.9, 0.3}, true), rng), 2);
-  EXPECT_EQ(q.chooseDonor(input(2, {0.5, 0.1, 0.9, 0.3}, true), rng), -1);
-}
-
-TEST(PopulationPolicy, TournamentCopiesARandomPeerOnlyWhenBetter) {
-  const Policy p = Policy::tournament();
-  const std::vector<double> s = {3, 1, 2, 4};  // lower is better
-  std::vector<int> hits(4, 0);
-  for (int i = 0; i < 3000; ++i) {
-    auto a = DecisionRng::derive(9, 1, i, 4);
-    EXPECT_EQ(p.chooseDonor(input(1, s), a), -1);  // the best never copies
-    auto b = DecisionRng::derive(9, 3, i, 4);
-    const int d = p.chooseDonor(input(3, s), b);   // the worst always does
-    ASSERT_TRUE(d >= 0 && d != 3);
-    ++hits[static_cast<std::size_t>(d)];
-    auto c = DecisionRng::derive(9, 0, i, 4);
-    const int e = p.chooseDonor(input(0, s), c);   // rank 0 copies 1 or 2, never 3
-    ASSERT_TRUE(e == -1 || e == 1 || e == 2);
-  }
-  for (int r : {0, 1, 2}) EXPECT_NEAR(hits[r] / 3000.0, 1 / 3.0, 0.04);
-}
-
-TEST(PopulationPolicy, PerturbMultipliesEachByPointEightOrOnePointTwo) {
-  int up = 0;
-  for (int i = 0; i < 200; ++i) {
-    auto rng = DecisionRng::derive(1, 0, i, 4);
-    const Hyperparams h = gradagg::perturb({{"lr", 0.5}, {"wd", 2.0}}, rng);
-    for (const auto& [name, base] : Hyperparams{{"lr", 0.5}, {"wd", 2.0}}) {
-      const double v = h.at(name);
-      ASSERT_TRUE(v == base * 0.8 || v == base * 1.2) << name << " " << v;
-      up += v == base * 1.2;
-    }
-  }
-  EXPECT_NEAR(up / 400.0, 0.5, 0.1);
-}
-
-}  // namespace
-
-// ---- populations of real members ----------------------------------------------
-
-namespace {
+using gradagg_test::expectThrows;
 
 // y = x W^T + b on fixed data; member r trains on rows picked by (rank, step).
 struct Fixture {
@@ -360,8 +150,8 @@ class PopulationRunTest : public gradagg_test::GradaggTest {};
 
 TEST_F(PopulationRunTest, LineageLinesMatchTheCopiesMade) {
   Fixture f;
-  const std::string path = ::testing::TempDir() + "population_lineage_" + std::to_string(::getpid()) + ".jsonl";
-  std::remove(path.c_str());
+  const gradagg::detail::TempDir dir("population");
+  const std::string path = dir.file("lineage.jsonl");
   auto o = options(Policy::random(0.5));
   o.lineage_path = path;
   std::vector<gradagg::CopyEvent> all;
@@ -391,11 +181,11 @@ TEST_F(PopulationRunTest, LineageLinesMatchTheCopiesMade) {
     EXPECT_EQ(j.at("hyperparams_after").get<Hyperparams>(), all[i].after);
   }
   EXPECT_EQ(i, all.size());
-  std::remove(path.c_str());
 }
 
 TEST_F(PopulationRunTest, ResumingFromACheckpointEqualsAnUninterruptedRun) {
-  const std::string path = ::testing::TempDir() + "population_ckpt_" + std::to_string(::getpid()) + ".pt";
+  const gradagg::detail::TempDir dir("population");
+  const std::string path = dir.file("checkpoint.pt");
   auto o = options(Policy::random(0.5));
   std::vector<gradagg::MemberSnapshot> want, got;
   {
@@ -428,7 +218,6 @@ TEST_F(PopulationRunTest, ResumingFromACheckpointEqualsAnUninterruptedRun) {
     EXPECT_EQ(sgdState(got[r].optimizer_state).first.size(), 2u);
     expectEqual(sgdState(got[r].optimizer_state).first, sgdState(want[r].optimizer_state).first, who + " momentum");
   }
-  std::remove(path.c_str());
 }
 
 TEST_F(PopulationRunTest, AMemberKilledMidPublishRaisesWorkerDiedAndItsLastSnapshotStaysWhole) {
@@ -443,14 +232,11 @@ TEST_F(PopulationRunTest, AMemberKilledMidPublishRaisesWorkerDiedAndItsLastSnaps
   population.generation();
   const auto before = population.snapshot(1);
   ASSERT_EQ(before.version, 2u);
-  try {
-    population.generation();
-    FAIL() << "no WorkerDied";
-  } catch (const gradagg::WorkerDied& e) {
-    EXPECT_EQ(e.rank(), 1);
-    EXPECT_EQ(e.phase(), gradagg::Phase::kPublishing);
-    EXPECT_EQ(e.signal(), SIGKILL);
-    EXPECT_NE(std::string(e.what()).find("publishing its snapshot"), std::string::npos) << e.what();
+  if (const auto e = expectThrows<gradagg::WorkerDied>([&] { population.generation(); },
+                                                      "publishing its snapshot")) {
+    EXPECT_EQ(e->rank(), 1);
+    EXPECT_EQ(e->phase(), gradagg::Phase::kPublishing);
+    EXPECT_EQ(e->signal(), SIGKILL);
   }
   EXPECT_FALSE(population.usable());
   const auto after = population.snapshot(1);
@@ -464,11 +250,8 @@ TEST_F(PopulationRunTest, AMemberKilledBetweenGenerationsIsNamed) {
   gradagg::Population population(*f.net, f.fns(), options(Policy::tournament()));
   population.generation();
   ::kill(population.workerPids()[2], SIGKILL);
-  try {
-    population.generation();
-    FAIL() << "no WorkerDied";
-  } catch (const gradagg::WorkerDied& e) {
-    EXPECT_EQ(e.rank(), 2);
+  if (const auto e = expectThrows<gradagg::WorkerDied>([&] { population.generation(); })) {
+    EXPECT_EQ(e->rank(), 2);
   }
 }
 
@@ -479,12 +262,9 @@ TEST_F(PopulationRunTest, AThrowingTrainStepIsWorkerFailedWithItsMessage) {
     if (c.rank == 3 && c.step == 2) throw std::runtime_error("bad batch");
   };
   gradagg::Population population(*f.net, fns, options(Policy::none()));
-  try {
-    population.generation();
-    FAIL() << "no WorkerFailed";
-  } catch (const gradagg::WorkerFailed& e) {
-    EXPECT_EQ(e.rank(), 3);
-    EXPECT_EQ(e.message(), "bad batch");
+  if (const auto e = expectThrows<gradagg::WorkerFailed>([&] { population.generation(); })) {
+    EXPECT_EQ(e->rank(), 3);
+    EXPECT_EQ(e->message(), "bad batch");
   }
 }
 
@@ -554,30 +334,12 @@ TEST_F(PopulationRunTest, AHangingMemberIsAStepTimeoutNamingIt) {
   o.step_timeout = std::chrono::milliseconds(500);
   gradagg::Population population(*f.net, fns, o);
   const auto t0 = std::chrono::steady_clock::now();
-  try {
-    population.generation();
-    FAIL() << "no StepTimeout";
-  } catch (const gradagg::StepTimeout& e) {
-    EXPECT_EQ(e.rank(), 2);
-    EXPECT_EQ(e.phase(), gradagg::Phase::kTraining);
+  if (const auto e = expectThrows<gradagg::StepTimeout>([&] { population.generation(); })) {
+    EXPECT_EQ(e->rank(), 2);
+    EXPECT_EQ(e->phase(), gradagg::Phase::kTraining);
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
   EXPECT_FALSE(population.usable());
-}
-
-TEST(PopulationOptionsTest, BadOptionsNameTheField) {
-  gradagg::PopulationOptions o;
-  o.workers = 0;
-  EXPECT_THROW(o.validate(), gradagg::InvalidArgument);
-  o.workers = 2;
-  o.policy = Policy::random(0.1);
-  o.optimizer_state_bytes = 0;
-  try {
-    o.validate();
-    FAIL();
-  } catch (const gradagg::InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("copy_optimizer_state"), std::string::npos);
-  }
 }
 
 }  // namespace

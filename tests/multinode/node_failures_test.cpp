@@ -1,0 +1,115 @@
+// A node that fails ends the step on every node with a named error: a killed or
+// stalled node (within the timeout), diverged parameters, different models, a
+// worker that fails on another node; and what a NodeFailed leaves behind.
+#include "node_harness.h"
+
+namespace gradagg_test {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST_F(MultiNode, AKilledNodeEndsTheOtherWithNodeFailedWithinTheTimeout) {
+  NodeRun run;
+  run.nodes = 2;
+  run.store = store("c");
+  run.timeout = 5000ms;
+  run.steps = 6;
+  NodeRun other = run;
+  other.node = 1;
+  other.kill_self_at_step = 2;
+  const auto results = runNodes({run, other});
+  EXPECT_EQ(results[0].outcome, kNodeFailed) << results[0].what;
+  EXPECT_NE(results[0].what.find("node 0 of 2"), std::string::npos) << results[0].what;
+  EXPECT_LT(results[0].seconds, 5.0 + 10.0);  // the timeout, plus start-up
+}
+
+TEST_F(MultiNode, AStalledNodeEndsTheOtherWithNodeFailedAfterTheTimeout) {
+  NodeRun run;
+  run.nodes = 2;
+  run.store = store("f");
+  run.timeout = 2000ms;
+  run.steps = 6;
+  NodeRun other = run;
+  other.node = 1;
+  other.stop_self_at_step = 2;
+  const auto results = runNodes({run, other});
+  EXPECT_EQ(results[0].outcome, kNodeFailed) << results[0].what;
+  EXPECT_GE(results[0].seconds, 2.0);        // it waited for the deadline...
+  EXPECT_LT(results[0].seconds, 2.0 + 15.0);  // ...and not much longer
+}
+
+TEST_F(MultiNode, DivergedParametersAreCaughtByTheChecksumOnEveryNode) {
+  NodeRun run;
+  run.nodes = 2;
+  run.store = store("e");
+  run.steps = 6;  // checksums before steps 2 and 4
+  NodeRun other = run;
+  other.node = 1;
+  other.perturb_after_step = 2;
+  const auto results = runNodes({run, other});
+  for (const auto& r : results) {
+    EXPECT_EQ(r.outcome, kNodeFailed) << r.what;
+    EXPECT_NE(r.what.find("diverged"), std::string::npos) << r.what;
+    EXPECT_NE(r.what.find("node(s) 1"), std::string::npos) << r.what;
+  }
+}
+
+TEST_F(MultiNode, DifferentModelsAreAClearErrorOnEveryNode) {
+  NodeRun run;
+  run.nodes = 2;
+  run.store = store("d");
+  NodeRun other = run;
+  other.node = 1;
+  other.kind = ModelKind::kLinear;
+  const auto results = runNodes({run, other});
+  for (const auto& r : results) {
+    EXPECT_EQ(r.outcome, kInvalidArgument) << r.what;
+    EXPECT_NE(r.what.find("different model"), std::string::npos) << r.what;
+  }
+}
+
+// include/gradagg/errors.h: after a NodeFailed "this node's workers are stopped [...];
+// the aggregator is no longer usable", also when what failed was on another node.
+void expectStoppedAndNotUsable(const NodeResult& r) {
+  EXPECT_FALSE(r.usable_after) << "usable() is true after: " << r.what;
+  EXPECT_EQ(r.children_after, 0) << "the node's workers were not stopped";
+  EXPECT_EQ(r.retry, kNotUsable) << "the next step() ended with: " << r.retry_what;
+}
+
+TEST_F(MultiNode, AWorkerFailingOnAnotherNodeLeavesThisNodeStoppedAndNotUsable) {
+  NodeRun run;
+  run.nodes = 2;
+  run.store = store("g");
+  run.timeout = 5000ms;  // bounds a step that would wait for a node that has gone
+  NodeRun other = run;
+  other.node = 1;
+  other.throw_at_step = 1;
+  const auto results = runNodes({run, other});
+  // Node 1's own worker failed: node 1 gets the WorkerFailed.
+  EXPECT_EQ(results[1].outcome, kWorkerFailed) << results[1].what;
+  EXPECT_NE(results[1].what.find("bad record on node 1"), std::string::npos) << results[1].what;
+  // Node 0 hears of it as a NodeFailed, after which it is not usable.
+  ASSERT_EQ(results[0].outcome, kNodeFailed) << results[0].what;
+  EXPECT_NE(results[0].what.find("another node"), std::string::npos) << results[0].what;
+  expectStoppedAndNotUsable(results[0]);
+}
+
+TEST_F(MultiNode, ANonFiniteGradientOnAnotherNodeLeavesThisNodeStoppedAndNotUsable) {
+  NodeRun run;
+  run.nodes = 2;
+  run.store = store("h");
+  run.timeout = 5000ms;
+  NodeRun other = run;
+  other.node = 1;
+  other.nan_loss_at_step = 1;  // NonFinitePolicy::kRaise, the default
+  const auto results = runNodes({run, other});
+  // Node 1 gets its own worker's NonFiniteGradient (a WorkerFailed).
+  EXPECT_EQ(results[1].outcome, kWorkerFailed) << results[1].what;
+  ASSERT_EQ(results[0].outcome, kNodeFailed) << results[0].what;
+  EXPECT_NE(results[0].what.find("non-finite gradient on another node"), std::string::npos)
+      << results[0].what;
+  expectStoppedAndNotUsable(results[0]);
+}
+
+}  // namespace
+}  // namespace gradagg_test

@@ -1,0 +1,195 @@
+#include "node_harness.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <utility>
+
+namespace gradagg_test {
+
+using namespace std::chrono_literals;
+
+namespace {
+
+// Calls f() and says how it ended, keeping the error's message in *what.
+template <typename F>
+Outcome outcomeOf(F&& f, std::string* what) {
+  try {
+    f();
+    return kOk;
+  } catch (const gradagg::NodeFailed& e) {
+    *what = e.what();
+    return kNodeFailed;
+  } catch (const gradagg::NotUsable& e) {
+    *what = e.what();
+    return kNotUsable;
+  } catch (const gradagg::WorkerFailed& e) {
+    *what = e.what();
+    return kWorkerFailed;
+  } catch (const gradagg::InvalidArgument& e) {
+    *what = e.what();
+    return kInvalidArgument;
+  } catch (const std::exception& e) {
+    *what = e.what();
+    return kOther;
+  }
+}
+
+// The pipe from a node process to the test: plain bytes, lengths first.
+void writeAll(int fd, const void* data, size_t n) {
+  for (size_t at = 0; at < n;) {
+    const ssize_t w = ::write(fd, static_cast<const char*>(data) + at, n - at);
+    if (w <= 0) return;
+    at += static_cast<size_t>(w);
+  }
+}
+
+bool readAll(int fd, void* data, size_t n) {
+  for (size_t got = 0; got < n;) {
+    const ssize_t r = ::read(fd, static_cast<char*>(data) + got, n - got);
+    if (r <= 0) return false;
+    got += static_cast<size_t>(r);
+  }
+  return true;
+}
+
+void send(int fd, const NodeResult& r) {
+  std::ostringstream buf;
+  torch::save(r.params, buf);
+  const std::string blob = buf.str();
+  const int64_t header[7] = {r.outcome, r.usable_after, r.children_after, r.retry,
+                             static_cast<int64_t>(r.what.size()),
+                             static_cast<int64_t>(r.retry_what.size()),
+                             static_cast<int64_t>(blob.size())};
+  writeAll(fd, header, sizeof(header));
+  writeAll(fd, &r.seconds, sizeof(r.seconds));
+  writeAll(fd, r.what.data(), r.what.size());
+  writeAll(fd, r.retry_what.data(), r.retry_what.size());
+  writeAll(fd, blob.data(), blob.size());
+}
+
+// Nothing (outcome kOther) when the node died before it sent anything.
+NodeResult receive(int fd) {
+  NodeResult r;
+  int64_t header[7];
+  if (!readAll(fd, header, sizeof(header))) return r;
+  r.outcome = static_cast<Outcome>(header[0]);
+  r.usable_after = header[1] != 0;
+  r.children_after = static_cast<int>(header[2]);
+  r.retry = static_cast<Outcome>(header[3]);
+  r.what.resize(header[4]);
+  r.retry_what.resize(header[5]);
+  std::string blob(header[6], '\0');
+  readAll(fd, &r.seconds, sizeof(r.seconds));
+  readAll(fd, r.what.data(), r.what.size());
+  readAll(fd, r.retry_what.data(), r.retry_what.size());
+  readAll(fd, blob.data(), blob.size());
+  std::istringstream in(blob);
+  torch::load(r.params, in);
+  return r;
+}
+
+}  // namespace
+
+void PrintTo(Outcome outcome, std::ostream* os) {
+  static const char* const names[] = {"ok",    "NodeFailed", "InvalidArgument",
+                                      "other", "NotUsable",  "WorkerFailed"};
+  *os << (outcome >= 0 && outcome <= kWorkerFailed ? names[outcome] : "?");
+}
+
+NodeResult trainNode(const NodeRun& run) {
+  auto model = makeModel(run.kind, torch::kDouble);
+  const Data data = makeData(run.kind, run.batch, torch::kDouble);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.5));
+  gradagg::Options o;
+  o.workers = run.workers;
+  o.step_timeout = 60s;
+  o.nodes.nodes = run.nodes;
+  o.nodes.node_rank = run.node;
+  o.nodes.store_path = run.store;
+  o.nodes.interface = "lo";
+  o.nodes.timeout = run.timeout;
+  o.nodes.checksum_interval = 2;
+  NodeResult result;
+  std::optional<gradagg::Aggregator> agg;
+  result.outcome = outcomeOf([&] {
+    agg.emplace(*model, [&](const gradagg::ShardContext& c) {
+      if (c.step == run.kill_self_at_step && c.rank == 0) ::kill(::getppid(), SIGKILL);
+      if (c.step == run.stop_self_at_step && c.rank == 0) ::kill(::getppid(), SIGSTOP);
+      if (c.step == run.throw_at_step && c.rank == 0)
+        throw std::runtime_error("bad record on node " + std::to_string(run.node));
+      const auto bounds = shardBounds(run.batch, c.global_workers, run.unequal);
+      const int64_t b = bounds[c.global_rank], e = bounds[c.global_rank + 1];
+      auto loss = model->loss(model->forward(data.x.slice(0, b, e)), data.y.slice(0, b, e));
+      if (c.step == run.nan_loss_at_step && c.rank == 0) loss = loss * std::nan("");
+      return gradagg::ShardResult{loss, e - b};
+    }, o);
+    for (int s = 0; s < run.steps; ++s) {
+      sgd.zero_grad();
+      agg->step();
+      sgd.step();
+      if (s == run.perturb_after_step) {
+        torch::NoGradGuard no_grad;
+        model->parameters()[0].add_(1e-3);
+      }
+    }
+  }, &result.what);
+  if (result.outcome == kNodeFailed && agg) {
+    result.usable_after = agg->usable();
+    result.children_after = static_cast<int>(childPids().size());
+    result.retry = outcomeOf([&] { agg->step(); }, &result.retry_what);
+  }
+  result.params = paramsOf(*model);
+  return result;
+}
+
+std::vector<NodeResult> runNodes(std::vector<NodeRun> runs) {
+  std::vector<std::pair<pid_t, int>> children;
+  for (const NodeRun& run : runs) {
+    int fds[2];
+    EXPECT_EQ(::pipe(fds), 0);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(fds[0]);
+      const auto t0 = std::chrono::steady_clock::now();
+      NodeResult result = trainNode(run);
+      result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      send(fds[1], result);
+      ::_exit(0);
+    }
+    ::close(fds[1]);
+    children.emplace_back(pid, fds[0]);
+  }
+  std::vector<NodeResult> results(runs.size());
+  // Stalled nodes last: once the others have reported, they are killed.
+  std::vector<size_t> order;
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (runs[i].stop_self_at_step < 0) order.push_back(i);
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (runs[i].stop_self_at_step >= 0) order.push_back(i);
+  for (size_t i : order) {
+    if (runs[i].stop_self_at_step >= 0) ::kill(children[i].first, SIGKILL);
+    results[i] = receive(children[i].second);
+    ::close(children[i].second);
+    int status;
+    ::waitpid(children[i].first, &status, 0);
+  }
+  return results;
+}
+
+std::vector<torch::Tensor> trainOneNode(int workers, const NodeRun& like) {
+  NodeRun run = like;
+  run.nodes = 1;
+  run.node = 0;
+  run.workers = workers;
+  NodeResult result = trainNode(run);
+  EXPECT_EQ(result.outcome, kOk) << result.what;
+  return result.params;
+}
+
+}  // namespace gradagg_test

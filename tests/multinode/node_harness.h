@@ -1,0 +1,71 @@
+// The multinode tests' harness: several nodes on loopback, each a process tree (an
+// Aggregator's parent and its workers) that joins the others through c10d Gloo,
+// with a FileStore rendezvous in the test's own TempDir. Each node process sends
+// back through a pipe what happened and its parameters.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/temp_dir.h"
+#include "support/support.h"
+
+namespace gradagg_test {
+
+struct NodeRun {
+  int node = 0;
+  int nodes = 1;
+  int workers = 2;
+  ModelKind kind = ModelKind::kMlp;
+  int64_t batch = 24;
+  int steps = 4;
+  bool unequal = false;
+  std::string store;
+  std::chrono::milliseconds timeout{20000};
+  int kill_self_at_step = -1;  // this node's parent dies (SIGKILL) during that step
+  int perturb_after_step = -1;  // this node's parameters drift after that step
+  int stop_self_at_step = -1;   // this node's parent stops (SIGSTOP) during that step: a stall
+  int throw_at_step = -1;       // this node's worker 0 throws from the shard function then
+  int nan_loss_at_step = -1;    // this node's worker 0 returns a NaN loss then
+};
+
+// How a call ended: normally, or with which error.
+enum Outcome : int {
+  kOk = 0, kNodeFailed = 1, kInvalidArgument = 2, kOther = 3, kNotUsable = 4, kWorkerFailed = 5
+};
+void PrintTo(Outcome outcome, std::ostream* os);  // for GoogleTest's messages
+
+// What a node sends back.
+struct NodeResult {
+  Outcome outcome = kOther;  // how the steps ended
+  std::string what;          // the error's message
+  std::vector<torch::Tensor> params;
+  double seconds = 0;
+  // After a NodeFailed: what the node's aggregator was left as (include/gradagg/errors.h
+  // says: workers stopped, no longer usable), and how one more step() ended.
+  bool usable_after = false;
+  int children_after = -1;   // the node's child processes (its workers) still there
+  Outcome retry = kOther;
+  std::string retry_what;
+};
+
+// Trains on this node: worker r takes the global shard of global rank offset + r.
+NodeResult trainNode(const NodeRun& run);
+
+// Starts one process per node, collects what each sends back through a pipe.
+std::vector<NodeResult> runNodes(std::vector<NodeRun> runs);
+
+// The same training on one node of `workers` workers, in this process.
+std::vector<torch::Tensor> trainOneNode(int workers, const NodeRun& like);
+
+class MultiNode : public GradaggTest {
+ protected:
+  // A FileStore path for one group of nodes, in a directory of this test's own.
+  std::string store(const std::string& name) const { return dir_.file(name); }
+  gradagg::detail::TempDir dir_{"nodes"};
+};
+
+}  // namespace gradagg_test
