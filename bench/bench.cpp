@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <torch/torch.h>
 #include <torch/version.h>
+#include <CLI/CLI.hpp>
 
 #include <gradagg/gradagg.h>
 
@@ -59,8 +59,8 @@ struct ModelSpec {
 struct MlpImpl : torch::nn::Module {
   explicit MlpImpl(const std::vector<std::int64_t>& layers) {
     for (std::size_t i = 0; i + 1 < layers.size(); ++i)
-      fc.push_back(register_module("fc" + std::to_string(i),
-                                   torch::nn::Linear(layers[i], layers[i + 1])));
+      fc.push_back(
+          register_module("fc" + std::to_string(i), torch::nn::Linear(layers[i], layers[i + 1])));
   }
   torch::Tensor forward(torch::Tensor x) {
     for (std::size_t i = 0; i < fc.size(); ++i) {
@@ -121,7 +121,7 @@ struct Config {
   int workers = 2;
   int steps = 20;
   int warmup = 3;
-  int threads = 0;  // single mode; 0: all cores
+  int threads = 0;         // single mode; 0: all cores
   std::int64_t batch = 0;  // 0: the model's default
   std::vector<ModelSpec> models;
   std::set<std::string> modes;
@@ -156,13 +156,17 @@ ModelSpec parseModel(const std::string& token) {
       used = 0;
     }
     if (used != width.size() || v <= 0)
-      throw CLI::ValidationError("--model", "'" + token + "': expected all, 807, 55k, 670k, 5.8m or a layer list like 784-64-64-10");
+      throw CLI::ValidationError(
+          "--model",
+          "'" + token + "': expected all, 807, 55k, 670k, 5.8m or a layer list like 784-64-64-10");
     spec.layers.push_back(v);
   }
   if (spec.layers.size() < 2)
-    throw CLI::ValidationError("--model", "'" + token + "': a layer list needs at least two widths");
+    throw CLI::ValidationError("--model",
+                               "'" + token + "': a layer list needs at least two widths");
   if (spec.layers.back() < 2)
-    throw CLI::ValidationError("--model", "'" + token + "': the last width is the class count, at least 2");
+    throw CLI::ValidationError("--model",
+                               "'" + token + "': the last width is the class count, at least 2");
   return spec;
 }
 
@@ -209,9 +213,9 @@ Row runSingle(const ModelSpec& spec, const Data& data, const Config& cfg) {
 gradagg::ShardFn shmShard(Mlp& model, const Data& data, const ModelSpec& spec) {
   return [&model, &data, &spec](const gradagg::ShardContext& ctx) {
     const Shard sh = shardOf(spec.batch, ctx.global_rank, ctx.global_workers);
-    return gradagg::ShardResult{loss(model, data.x.slice(0, sh.begin, sh.end),
-                                     data.y.slice(0, sh.begin, sh.end)),
-                                sh.end - sh.begin};
+    return gradagg::ShardResult{
+        loss(model, data.x.slice(0, sh.begin, sh.end), data.y.slice(0, sh.begin, sh.end)),
+        sh.end - sh.begin};
   };
 }
 
@@ -236,7 +240,8 @@ Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
     double slowest = 0, busiest = 0, slot = 0;
     for (const gradagg::WorkerReport& w : r.workers) {
       slowest = std::max(slowest, w.shard_ms + w.backward_ms);
-      busiest = std::max(busiest, w.load_ms + w.shard_ms + w.backward_ms + w.write_ms + w.reduce_ms);
+      busiest =
+          std::max(busiest, w.load_ms + w.shard_ms + w.backward_ms + w.write_ms + w.reduce_ms);
       slot = std::max(slot, w.load_ms + w.write_ms);
     }
     reduce.push_back(r.reduce_ms);
@@ -331,7 +336,8 @@ Row runGloo(const ModelSpec& spec, const Data& data, const Config& cfg, int warm
       peer.allreduceSum(flat);
       const auto t2 = Clock::now();
       flat.div_(n);
-      if (first_grad && rank == 0 && s == 0) std::memcpy(grad_out, flat.data_ptr<float>(), sizeof(float) * P);
+      if (first_grad && rank == 0 && s == 0)
+        std::memcpy(grad_out, flat.data_ptr<float>(), sizeof(float) * P);
       opt.step();
       using Ms = std::chrono::duration<double, std::milli>;
       if (rank == 0)
@@ -401,8 +407,8 @@ Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg) {
   row.sync_us = 1000 * median(node_ms);
   row.extra["node_ms"] = median(node_ms);
   row.extra["bytes_per_node_per_step"] = 4.0 * static_cast<double>(paramCount(spec));
-  const double gloo = glooAllreduceMs(2, static_cast<std::size_t>(paramCount(spec)),
-                                      std::max(cfg.steps, 50), 1);
+  const double gloo =
+      glooAllreduceMs(2, static_cast<std::size_t>(paramCount(spec)), std::max(cfg.steps, 50), 1);
   row.extra["gloo_allreduce_ms"] = gloo;
   row.extra["node_over_gloo"] = median(node_ms) / gloo;
   return row;
@@ -464,13 +470,16 @@ Row runReduceOnly(const ModelSpec& spec, const Config& cfg) {
   const int samples = std::max(5, std::min(30, cfg.steps));
   std::vector<double> reduce_ms, stream_ms;
   for (int s = -1; s < samples; ++s) {  // s == -1: warm-up; interleaved so both see the same noise
-    const auto r = timeCalls(1, repeat, [&] { reduceSlots(out.data(), inputs.data(), weights.data(), n, P); });
-    const auto st = timeCalls(1, repeat, [&] { streamAdd(c.data(), a.data(), b.data(), stream_count, n); });
+    const auto r =
+        timeCalls(1, repeat, [&] { reduceSlots(out.data(), inputs.data(), weights.data(), n, P); });
+    const auto st =
+        timeCalls(1, repeat, [&] { streamAdd(c.data(), a.data(), b.data(), stream_count, n); });
     if (s < 0) continue;
     reduce_ms.push_back(r[0]);
     stream_ms.push_back(st[0]);
   }
-  if (out[P / 2] <= 0 || c[stream_count / 2] != 3.0f) throw std::logic_error("reduce-only: wrong sums");
+  if (out[P / 2] <= 0 || c[stream_count / 2] != 3.0f)
+    throw std::logic_error("reduce-only: wrong sums");
 
   const double gloo = glooAllreduceMs(n, P, samples, peerThreads(cfg));
 
@@ -530,8 +539,9 @@ int run(int argc, char** argv) {
   Config cfg;
   cfg.cores = gradagg::availableCores();
   std::string models = "all", modes = "all";
-  CLI::App app{"gradagg-bench: single process vs gradagg (shm) vs forked Gloo peers, and the "
-               "reduction alone; one markdown row per (model, mode)"};
+  CLI::App app{
+      "gradagg-bench: single process vs gradagg (shm) vs forked Gloo peers, and the "
+      "reduction alone; one markdown row per (model, mode)"};
   app.add_option("-w,--workers", cfg.workers, "worker processes for shm, gloo and reduce-only")
       ->check(CLI::Range(1, gradagg::Options::kMaxWorkers));
   auto* steps_opt = app.add_option("-s,--steps", cfg.steps, "measured steps per configuration")
@@ -540,15 +550,20 @@ int run(int argc, char** argv) {
                          ->check(CLI::NonNegativeNumber);
   app.add_option("-m,--model", models,
                  "comma list of all, 807, 55k, 670k, 5.8m or layer lists like 784-64-64-10");
-  app.add_option("-b,--batch", cfg.batch, "global batch for every model (default 16 for 807, 256 otherwise)")
+  app.add_option("-b,--batch", cfg.batch,
+                 "global batch for every model (default 16 for 807, 256 otherwise)")
       ->check(CLI::PositiveNumber);
-  app.add_option("-t,--threads", cfg.threads, "intra-op threads in single mode (default: all cores)")
+  app.add_option("-t,--threads", cfg.threads,
+                 "intra-op threads in single mode (default: all cores)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--modes", modes, "comma list of single, shm, gloo, shm-2nodes, reduce-only (default all)");
+  app.add_option("--modes", modes,
+                 "comma list of single, shm, gloo, shm-2nodes, reduce-only (default all)");
   app.add_option("--json", cfg.json, "write one JSON object per configuration (JSON Lines) here");
-  app.add_flag("--short", cfg.short_run, "CI smoke run: 3 steps, 1 warm-up, only the 807 and 55k models");
+  app.add_flag("--short", cfg.short_run,
+               "CI smoke run: 3 steps, 1 warm-up, only the 807 and 55k models");
   app.add_flag("--check", cfg.check,
-               "also compare one step's mean gradient of shm and gloo on the 807 and 55k models; exit 1 if they differ");
+               "also compare one step's mean gradient of shm and gloo on the 807 and 55k models; "
+               "exit 1 if they differ");
   try {
     app.parse(argc, argv);
     if (cfg.short_run) {
@@ -558,7 +573,8 @@ int run(int argc, char** argv) {
     }
     for (const std::string& token : split(models, ',')) {
       if (token == "all") {
-        for (const char* name : {"807", "55k", "670k", "5.8m"}) cfg.models.push_back(parseModel(name));
+        for (const char* name : {"807", "55k", "670k", "5.8m"})
+          cfg.models.push_back(parseModel(name));
       } else {
         cfg.models.push_back(parseModel(token));
       }
@@ -569,7 +585,8 @@ int run(int argc, char** argv) {
       } else if (std::find(kModes.begin(), kModes.end(), m) != kModes.end()) {
         cfg.modes.insert(m);
       } else {
-        throw CLI::ValidationError("--modes", "'" + m + "': expected single, shm, gloo, shm-2nodes, reduce-only or all");
+        throw CLI::ValidationError(
+            "--modes", "'" + m + "': expected single, shm, gloo, shm-2nodes, reduce-only or all");
       }
     }
   } catch (const CLI::ParseError& e) {

@@ -20,14 +20,13 @@ GlooPeer::GlooPeer(const Options& options) {
                                 " is not in [0, " + std::to_string(options.size) + ")");
   auto store = c10::make_intrusive<c10d::FileStore>(options.store_path, options.size);
   auto pg_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
-  pg_options->devices.push_back(
-      c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
+  pg_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options.hostname));
   pg_options->threads = options.threads;
   impl_ = std::make_unique<Impl>();
   impl_->rank = options.rank;
   impl_->size = options.size;
-  impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, options.rank, options.size,
-                                                             pg_options);
+  impl_->group =
+      c10::make_intrusive<c10d::ProcessGroupGloo>(store, options.rank, options.size, pg_options);
 }
 
 GlooPeer::~GlooPeer() = default;

@@ -101,10 +101,10 @@ void printTable(std::ostream& out, const std::vector<Row>& rows) {
     const bool reduce_only = r.mode == "reduce-only";
     std::string gbps;
     if (reduce_only) gbps = extraOr(r, "gbps") + " (" + extraOr(r, "gbps_stream") + ")";
-    out << "| " << r.model << " | " << r.params << " | " << (reduce_only ? "" : std::to_string(r.batch))
-        << " | " << r.mode << " | " << r.workers << " x " << r.threads << " | "
-        << shortNumber(r.ms_per_step) << " | " << shortNumber(r.p90_ms) << " | "
-        << (reduce_only ? "" : fixed(r.samples_per_s, 0)) << " | "
+    out << "| " << r.model << " | " << r.params << " | "
+        << (reduce_only ? "" : std::to_string(r.batch)) << " | " << r.mode << " | " << r.workers
+        << " x " << r.threads << " | " << shortNumber(r.ms_per_step) << " | "
+        << shortNumber(r.p90_ms) << " | " << (reduce_only ? "" : fixed(r.samples_per_s, 0)) << " | "
         << (r.speedup_vs_single ? fixed(*r.speedup_vs_single, 2) + "x" : "") << " | "
         << extraOr(r, "compute_ms") << " | " << (r.mode == "single" ? "" : shortNumber(r.reduce_ms))
         << " | " << (reduce_only ? "" : fixed(r.sync_us, 0)) << " | " << gbps << " | "
@@ -117,9 +117,9 @@ void printTable(std::ostream& out, const std::vector<Row>& rows) {
     any_check = true;
     out << "  " << r.model << " (" << r.params << " params, " << r.workers
         << " workers): |shm - gloo| / |gloo| = " << std::scientific << std::setprecision(2)
-        << r.extra.at("rel_err_shm_gloo") << ", |shm - single| / |single| = "
-        << r.extra.at("rel_err_shm_single") << std::defaultfloat << "  "
-        << (r.ok.value_or(false) ? "OK" : "MISMATCH") << "\n";
+        << r.extra.at("rel_err_shm_gloo")
+        << ", |shm - single| / |single| = " << r.extra.at("rel_err_shm_single") << std::defaultfloat
+        << "  " << (r.ok.value_or(false) ? "OK" : "MISMATCH") << "\n";
   }
 }
 

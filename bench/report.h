@@ -12,9 +12,9 @@
 namespace gradagg::bench {
 
 struct Machine {
-  int cores = 1;        // cores this process may use
-  std::string cpu;      // "model name" from /proc/cpuinfo
-  std::string libtorch; // LibTorch version the bench was built with
+  int cores = 1;         // cores this process may use
+  std::string cpu;       // "model name" from /proc/cpuinfo
+  std::string libtorch;  // LibTorch version the bench was built with
 };
 Machine probeMachine(const std::string& libtorch_version);
 

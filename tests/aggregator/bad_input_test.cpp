@@ -15,7 +15,8 @@ TEST_F(Behaviour, BadOptionsAreInvalidArgumentsNamingTheField) {
   auto model = makeModel(ModelKind::kLinear, torch::kFloat);
   auto noop = [](const gradagg::ShardContext&) { return gradagg::ShardResult{}; };
   auto expectField = [&](const gradagg::Options& o, const std::string& field) {
-    expectThrows<gradagg::InvalidArgument>([&] { gradagg::Aggregator agg(*model, noop, o); }, field);
+    expectThrows<gradagg::InvalidArgument>([&] { gradagg::Aggregator agg(*model, noop, o); },
+                                           field);
   };
   gradagg::Options o;
   o.workers = 0;
@@ -66,9 +67,9 @@ TEST_F(GradaggTest, CudaModelIsRefusedWithAClearError) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine";
   auto model = makeModel(ModelKind::kLinear, torch::kFloat);
   model->to(torch::kCUDA);
-  EXPECT_THROW(gradagg::Aggregator(*model, [](const gradagg::ShardContext&) {
-    return gradagg::ShardResult{};
-  }), gradagg::InvalidArgument);
+  EXPECT_THROW(gradagg::Aggregator(
+                   *model, [](const gradagg::ShardContext&) { return gradagg::ShardResult{}; }),
+               gradagg::InvalidArgument);
 }
 
 }  // namespace

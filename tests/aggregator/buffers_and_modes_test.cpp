@@ -65,8 +65,12 @@ TEST_P(BufferSyncTest, ParentBuffersAfterAStepFollowThePolicy) {
   for (const auto& [name, value] : buffersOf(*model)) {
     torch::Tensor want;
     switch (GetParam()) {
-      case gradagg::BufferSync::kKeepParent: want = before.at(name); break;
-      case gradagg::BufferSync::kFromRank0: want = per_rank[0].at(name); break;
+      case gradagg::BufferSync::kKeepParent:
+        want = before.at(name);
+        break;
+      case gradagg::BufferSync::kFromRank0:
+        want = per_rank[0].at(name);
+        break;
       case gradagg::BufferSync::kMean:
         if (!value.is_floating_point()) {
           want = per_rank[0].at(name);
@@ -83,7 +87,8 @@ TEST_P(BufferSyncTest, ParentBuffersAfterAStepFollowThePolicy) {
       EXPECT_TRUE(torch::equal(value, want)) << name;
   }
   if (GetParam() != gradagg::BufferSync::kKeepParent) {
-    EXPECT_FALSE(torch::equal(buffersOf(*model).at("bn.running_mean"), before.at("bn.running_mean")));
+    EXPECT_FALSE(
+        torch::equal(buffersOf(*model).at("bn.running_mean"), before.at("bn.running_mean")));
   }
 }
 
@@ -93,9 +98,12 @@ INSTANTIATE_TEST_SUITE_P(Policies, BufferSyncTest,
                                            gradagg::BufferSync::kKeepParent),
                          [](const auto& info) {
                            switch (info.param) {
-                             case gradagg::BufferSync::kFromRank0: return "FromRank0";
-                             case gradagg::BufferSync::kMean: return "Mean";
-                             default: return "KeepParent";
+                             case gradagg::BufferSync::kFromRank0:
+                               return "FromRank0";
+                             case gradagg::BufferSync::kMean:
+                               return "Mean";
+                             default:
+                               return "KeepParent";
                            }
                          });
 
@@ -111,12 +119,15 @@ TEST_F(Behaviour, ForkAfterMultithreadedWorkGivesWorkingMultithreadedWorkers) {
   auto o = opts(2);
   o.threads_per_worker = 2;
   o.step_timeout = 30s;  // a hang becomes a StepTimeout, not a stuck test
-  gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext& c) {
-    if (at::get_num_threads() != 2) throw std::runtime_error("worker does not have 2 threads");
-    auto b = torch::randn({256, 256});
-    for (int i = 0; i < 4; ++i) b = torch::tanh(b.mm(b) / 256);  // parallel regions
-    return inner(c);
-  }, o);
+  gradagg::Aggregator agg(
+      *model,
+      [&](const gradagg::ShardContext& c) {
+        if (at::get_num_threads() != 2) throw std::runtime_error("worker does not have 2 threads");
+        auto b = torch::randn({256, 256});
+        for (int i = 0; i < 4; ++i) b = torch::tanh(b.mm(b) / 256);  // parallel regions
+        return inner(c);
+      },
+      o);
   EXPECT_NO_THROW(agg.step());
   EXPECT_NO_THROW(agg.step());
 }

@@ -55,8 +55,8 @@ TEST_P(MeanGradient, EqualsSingleProcessAutograd) {
 
 std::vector<GradCase> allCases() {
   std::vector<GradCase> cases;
-  for (auto kind : {ModelKind::kLinear, ModelKind::kMlp, ModelKind::kConvBnEval,
-                    ModelKind::kConvBnTrain})
+  for (auto kind :
+       {ModelKind::kLinear, ModelKind::kMlp, ModelKind::kConvBnEval, ModelKind::kConvBnTrain})
     for (int workers : {1, 2, 3, 4})
       for (auto dtype : {torch::kFloat, torch::kDouble})
         for (bool unequal : {false, true}) {

@@ -61,8 +61,8 @@ TEST_P(KilledInPhase, RaisesWorkerDiedWithinASecondAndChangesNothing) {
   if (target == Phase::kWaiting) ::kill(agg.workerPids()[1], SIGKILL);  // killed while idle
 
   const auto t0 = std::chrono::steady_clock::now();
-  if (const auto e = expectThrows<gradagg::WorkerDied>([&] { agg.step(); },
-                                                      gradagg::phaseName(target))) {
+  if (const auto e =
+          expectThrows<gradagg::WorkerDied>([&] { agg.step(); }, gradagg::phaseName(target))) {
     EXPECT_EQ(e->rank(), 1);
     EXPECT_EQ(e->phase(), target) << e->what();
     EXPECT_EQ(e->signal(), SIGKILL);
@@ -167,16 +167,18 @@ TEST_F(GradaggTest, KilledParentTakesEveryWorkerWithItWithinASecond) {
       const Data data = makeData(ModelKind::kLinear, 4, torch::kFloat);
       gradagg::Options o;
       o.workers = 3;
-      gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext& c) {
-        if (c.rank != 0) std::this_thread::sleep_for(60s);  // rank 0 idles in the barrier
-        return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), 4};
-      }, o);
+      gradagg::Aggregator agg(
+          *model,
+          [&](const gradagg::ShardContext& c) {
+            if (c.rank != 0) std::this_thread::sleep_for(60s);  // rank 0 idles in the barrier
+            return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), 4};
+          },
+          o);
       const auto pids = agg.workerPids();
       ::write(fds[1], pids.data(), pids.size() * sizeof(int));
       ::close(fds[1]);
       agg.step();
-    } catch (...) {
-    }
+    } catch (...) {}
     ::_exit(0);
   }
   ::close(fds[1]);

@@ -23,10 +23,14 @@ struct TwoParam : torch::nn::Module {
 TEST_F(Behaviour, UnusedParameterKeepsGradUndefinedLikeAutograd) {
   TwoParam m;
   const auto x = torch::randn({8, 3}), y = torch::randn({8});
-  gradagg::Aggregator agg(m, [&](const gradagg::ShardContext& c) {
-    auto xs = x.slice(0, 4 * c.rank, 4 * c.rank + 4), ys = y.slice(0, 4 * c.rank, 4 * c.rank + 4);
-    return gradagg::ShardResult{m.loss(xs, ys, true), 4};
-  }, opts(2));
+  gradagg::Aggregator agg(
+      m,
+      [&](const gradagg::ShardContext& c) {
+        auto xs = x.slice(0, 4 * c.rank, 4 * c.rank + 4),
+             ys = y.slice(0, 4 * c.rank, 4 * c.rank + 4);
+        return gradagg::ShardResult{m.loss(xs, ys, true), 4};
+      },
+      opts(2));
   agg.step();
   EXPECT_TRUE(m.a.grad().defined());
   EXPECT_TRUE(m.b.grad().defined());
@@ -55,9 +59,12 @@ TEST_F(Behaviour, ParameterUsedBySomeWorkersIsAveragedOverAllSamples) {
   }
   total.backward();
 
-  gradagg::Aggregator agg(m, [&](const gradagg::ShardContext& c) {
-    return gradagg::ShardResult{shard(m, c.rank), bounds[c.rank + 1] - bounds[c.rank]};
-  }, opts(3));
+  gradagg::Aggregator agg(
+      m,
+      [&](const gradagg::ShardContext& c) {
+        return gradagg::ShardResult{shard(m, c.rank), bounds[c.rank + 1] - bounds[c.rank]};
+      },
+      opts(3));
   agg.step();
   ASSERT_TRUE(m.b.grad().defined());
   EXPECT_LE(relErr(m.a.grad(), ref.a.grad()), 1e-12);
@@ -96,8 +103,8 @@ TEST_F(Behaviour, EqualWeightingIsTheMeanOfShardGradients) {
 TEST_F(GradaggTest, SparseGradientsMatchSingleProcessAutograd) {
   struct Emb : torch::nn::Module {
     Emb() {
-      emb = register_module("emb", torch::nn::Embedding(
-                                       torch::nn::EmbeddingOptions(20, 4).sparse(true)));
+      emb = register_module("emb",
+                            torch::nn::Embedding(torch::nn::EmbeddingOptions(20, 4).sparse(true)));
     }
     torch::nn::Embedding emb{nullptr};
   };
@@ -111,10 +118,13 @@ TEST_F(GradaggTest, SparseGradientsMatchSingleProcessAutograd) {
   ref.emb(idx).pow(2).mean().backward();
   gradagg::Options o;
   o.workers = 3;
-  gradagg::Aggregator agg(model, [&](const gradagg::ShardContext& c) {
-    return gradagg::ShardResult{model.emb(idx.slice(0, 4 * c.rank, 4 * c.rank + 4)).pow(2).mean(),
-                                4};
-  }, o);
+  gradagg::Aggregator agg(
+      model,
+      [&](const gradagg::ShardContext& c) {
+        return gradagg::ShardResult{
+            model.emb(idx.slice(0, 4 * c.rank, 4 * c.rank + 4)).pow(2).mean(), 4};
+      },
+      o);
   agg.step();
   EXPECT_LE(relErr(model.emb->weight.grad(), ref.emb->weight.grad().to_dense()), 1e-6);
 }
@@ -130,10 +140,13 @@ TEST_F(GradaggTest, NonContiguousParameterIsServedContiguouslyAndMatches) {
   x.mm(ref_w.t()).pow(2).mean().backward();
   gradagg::Options o;
   o.workers = 2;
-  gradagg::Aggregator agg(model, [&](const gradagg::ShardContext& c) {
-    return gradagg::ShardResult{x.slice(0, 3 * c.rank, 3 * c.rank + 3).mm(model.w.t()).pow(2).mean(),
-                                3};
-  }, o);
+  gradagg::Aggregator agg(
+      model,
+      [&](const gradagg::ShardContext& c) {
+        return gradagg::ShardResult{
+            x.slice(0, 3 * c.rank, 3 * c.rank + 3).mm(model.w.t()).pow(2).mean(), 3};
+      },
+      o);
   agg.step();
   EXPECT_LE(relErr(model.w.grad(), ref_w.grad()), 1e-12);
 }

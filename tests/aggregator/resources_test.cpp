@@ -47,9 +47,8 @@ TEST_F(GradaggTest, SegmentThatDoesNotFitIsACleanErrorAtConstruction) {
       ::setrlimit(RLIMIT_AS, &lim);
       gradagg::Options o;
       o.workers = 64;  // 66 copies of 32 MiB: 2 GiB, beyond the limit
-      gradagg::Aggregator agg(model, [](const gradagg::ShardContext&) {
-        return gradagg::ShardResult{};
-      }, o);
+      gradagg::Aggregator agg(
+          model, [](const gradagg::ShardContext&) { return gradagg::ShardResult{}; }, o);
     } catch (const std::system_error& e) {
       code = std::string(e.what()).find("gradagg") != std::string::npos ? 0 : 2;
     } catch (...) {

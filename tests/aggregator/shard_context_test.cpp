@@ -8,10 +8,13 @@ namespace {
 TEST_F(Behaviour, ShardFunctionIsToldItsRankWorkerCountAndStep) {
   auto model = makeModel(ModelKind::kLinear, torch::kFloat);
   const Data data = makeData(ModelKind::kLinear, 4, torch::kFloat);
-  gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext& c) {
-    auto loss = model->loss(model->forward(data.x), data.y);
-    return gradagg::ShardResult{loss, 1000 * c.workers + 100 * c.rank + c.step + 1};
-  }, opts(3));
+  gradagg::Aggregator agg(
+      *model,
+      [&](const gradagg::ShardContext& c) {
+        auto loss = model->loss(model->forward(data.x), data.y);
+        return gradagg::ShardResult{loss, 1000 * c.workers + 100 * c.rank + c.step + 1};
+      },
+      opts(3));
   for (int64_t s = 0; s < 3; ++s) {
     const auto& report = agg.step();
     EXPECT_EQ(report.step, s);
@@ -25,10 +28,13 @@ std::vector<int64_t> randomDraws(bool seed_workers, int steps) {
   const Data data = makeData(ModelKind::kLinear, 4, torch::kFloat);
   auto o = opts(3);
   o.seed_workers = seed_workers;
-  gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext&) {
-    const int64_t draw = 1 + static_cast<int64_t>(torch::rand({1}).item<double>() * 1e9);
-    return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), draw};
-  }, o);
+  gradagg::Aggregator agg(
+      *model,
+      [&](const gradagg::ShardContext&) {
+        const int64_t draw = 1 + static_cast<int64_t>(torch::rand({1}).item<double>() * 1e9);
+        return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), draw};
+      },
+      o);
   std::vector<int64_t> out;
   for (int s = 0; s < steps; ++s)
     for (const auto& w : agg.step().workers) out.push_back(w.samples);
@@ -63,8 +69,8 @@ TEST_F(Behaviour, ReportGivesLossSamplesAndPhaseTimes) {
     EXPECT_GT(w.load_ms + w.write_ms + w.reduce_ms, 0);
     EXPECT_LE(w.shard_ms + w.backward_ms + w.barrier_ms, r.compute_ms + 1e-9);
   }
-  const double mean = (r.workers[0].loss * r.workers[0].samples +
-                       r.workers[1].loss * r.workers[1].samples) / 10;
+  const double mean =
+      (r.workers[0].loss * r.workers[0].samples + r.workers[1].loss * r.workers[1].samples) / 10;
   EXPECT_NEAR(r.loss, mean, 1e-6);
 }
 

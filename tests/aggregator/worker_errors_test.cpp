@@ -21,10 +21,13 @@ TEST_F(Behaviour, ShardExceptionRaisesWorkerFailedAndTheAggregatorStaysUsable) {
   const Data data = makeData(ModelKind::kMlp, 12, torch::kFloat);
   auto inner = shardFn(*model, data, shardBounds(12, 3, false));
   // Worker state persists across steps: count the calls in the worker.
-  gradagg::Aggregator agg(*model, [&, calls = 0](const gradagg::ShardContext& c) mutable {
-    if (c.rank == 1 && ++calls == 2) throw std::runtime_error("bad record in shard 1");
-    return inner(c);
-  }, opts(3));
+  gradagg::Aggregator agg(
+      *model,
+      [&, calls = 0](const gradagg::ShardContext& c) mutable {
+        if (c.rank == 1 && ++calls == 2) throw std::runtime_error("bad record in shard 1");
+        return inner(c);
+      },
+      opts(3));
   agg.step();
   const auto grads = gradsOf(*model);
   const auto params = model->parameters();
@@ -44,9 +47,13 @@ TEST_F(Behaviour, ShardExceptionRaisesWorkerFailedAndTheAggregatorStaysUsable) {
 TEST_F(Behaviour, NonPositiveSampleCountIsAWorkerFailedNamingTheField) {
   auto model = makeModel(ModelKind::kLinear, torch::kFloat);
   const Data data = makeData(ModelKind::kLinear, 4, torch::kFloat);
-  gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext& c) {
-    return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), c.rank == 1 ? 0 : 2};
-  }, opts(2));
+  gradagg::Aggregator agg(
+      *model,
+      [&](const gradagg::ShardContext& c) {
+        return gradagg::ShardResult{model->loss(model->forward(data.x), data.y),
+                                    c.rank == 1 ? 0 : 2};
+      },
+      opts(2));
   if (const auto e = expectThrows<gradagg::WorkerFailed>([&] { agg.step(); })) {
     EXPECT_EQ(e->rank(), 1);
     EXPECT_NE(e->message().find("samples"), std::string::npos) << e->message();
@@ -56,10 +63,13 @@ TEST_F(Behaviour, NonPositiveSampleCountIsAWorkerFailedNamingTheField) {
 TEST_F(Behaviour, LossThatDoesNotRequireGradIsAWorkerFailed) {
   auto model = makeModel(ModelKind::kLinear, torch::kFloat);
   const Data data = makeData(ModelKind::kLinear, 4, torch::kFloat);
-  gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext&) {
-    torch::NoGradGuard no_grad;
-    return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), 4};
-  }, opts(1));
+  gradagg::Aggregator agg(
+      *model,
+      [&](const gradagg::ShardContext&) {
+        torch::NoGradGuard no_grad;
+        return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), 4};
+      },
+      opts(1));
   EXPECT_THROW(agg.step(), gradagg::WorkerFailed);
   EXPECT_TRUE(agg.usable());
 }
@@ -67,10 +77,13 @@ TEST_F(Behaviour, LossThatDoesNotRequireGradIsAWorkerFailed) {
 TEST_F(Behaviour, ReplacingAParameterInTheReplicaIsReportedByName) {
   auto model = makeModel(ModelKind::kLinear, torch::kFloat);
   const Data data = makeData(ModelKind::kLinear, 4, torch::kFloat);
-  gradagg::Aggregator agg(*model, [&, calls = 0](const gradagg::ShardContext&) mutable {
-    if (++calls == 1) model->named_parameters()["bias"].set_data(torch::zeros({1}));
-    return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), 4};
-  }, opts(1));
+  gradagg::Aggregator agg(
+      *model,
+      [&, calls = 0](const gradagg::ShardContext&) mutable {
+        if (++calls == 1) model->named_parameters()["bias"].set_data(torch::zeros({1}));
+        return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), 4};
+      },
+      opts(1));
   if (const auto e = expectThrows<gradagg::WorkerFailed>([&] { agg.step(); })) {
     EXPECT_NE(e->message().find("'bias'"), std::string::npos) << e->message();
   }
@@ -84,13 +97,16 @@ TEST_F(Behaviour, WritingAParameterInAWorkerKillsItWithSigsegvAndIsReported) {
   auto model = makeModel(ModelKind::kLinear, torch::kFloat);
   const Data data = makeData(ModelKind::kLinear, 4, torch::kFloat);
   const auto before = model->parameters()[0].detach().clone();
-  gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext& c) {
-    if (c.rank == 1) {
-      torch::NoGradGuard no_grad;
-      model->parameters()[0].add_(1.0);  // the snapshot is read-only in workers
-    }
-    return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), 4};
-  }, opts(2));
+  gradagg::Aggregator agg(
+      *model,
+      [&](const gradagg::ShardContext& c) {
+        if (c.rank == 1) {
+          torch::NoGradGuard no_grad;
+          model->parameters()[0].add_(1.0);  // the snapshot is read-only in workers
+        }
+        return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), 4};
+      },
+      opts(2));
   if (const auto e = expectThrows<gradagg::WorkerDied>([&] { agg.step(); })) {
     EXPECT_EQ(e->rank(), 1);
     EXPECT_EQ(e->signal(), SIGSEGV);
@@ -106,10 +122,13 @@ TEST_F(Behaviour, KilledWorkerRaisesWorkerDiedNamingRankPhaseAndSignal) {
   const Data data = makeData(ModelKind::kMlp, 12, torch::kFloat);
   auto inner = shardFn(*model, data, shardBounds(12, 3, false));
   auto optimizer = torch::optim::SGD(model->parameters(), 0.1);
-  gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext& c) {
-    if (c.rank == 2 && c.step == 1) ::raise(SIGKILL);
-    return inner(c);
-  }, opts(3));
+  gradagg::Aggregator agg(
+      *model,
+      [&](const gradagg::ShardContext& c) {
+        if (c.rank == 2 && c.step == 1) ::raise(SIGKILL);
+        return inner(c);
+      },
+      opts(3));
   agg.step();
   optimizer.step();
   std::vector<torch::Tensor> params;
@@ -132,10 +151,13 @@ TEST_F(Behaviour, LateWorkerRaisesStepTimeoutNamingItsRank) {
   const Data data = makeData(ModelKind::kLinear, 4, torch::kFloat);
   auto o = opts(2);
   o.step_timeout = 300ms;
-  gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext& c) {
-    if (c.rank == 1) std::this_thread::sleep_for(30s);
-    return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), 4};
-  }, o);
+  gradagg::Aggregator agg(
+      *model,
+      [&](const gradagg::ShardContext& c) {
+        if (c.rank == 1) std::this_thread::sleep_for(30s);
+        return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), 4};
+      },
+      o);
   const auto t0 = std::chrono::steady_clock::now();
   if (const auto e = expectThrows<gradagg::StepTimeout>([&] { agg.step(); })) {
     EXPECT_EQ(e->rank(), 1);
@@ -192,8 +214,8 @@ TEST_F(GradaggTest, NonFiniteGradientSkipsTheStepThenAbortsAfterTooManyInARow) {
   EXPECT_TRUE(bitIdentical(paramsOf(*model), params)) << "a skipped step changed parameters";
   EXPECT_FALSE(agg.step().skipped);  // step 2
   sgd.step();
-  EXPECT_TRUE(agg.step().skipped);   // 3
-  EXPECT_EQ(agg.step().consecutive_skips, 2);  // 4
+  EXPECT_TRUE(agg.step().skipped);                       // 3
+  EXPECT_EQ(agg.step().consecutive_skips, 2);            // 4
   EXPECT_THROW(agg.step(), gradagg::NonFiniteGradient);  // 5: a third in a row
   EXPECT_EQ(agg.stepsDone(), 5);
 }

@@ -35,7 +35,8 @@ idx::IdxArray counting(std::vector<std::uint32_t> dims) {
 void writeGz(const std::string& path, const std::vector<unsigned char>& bytes) {
   gzFile f = gzopen(path.c_str(), "wb");
   ASSERT_NE(f, nullptr);
-  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())),
+            static_cast<int>(bytes.size()));
   ASSERT_EQ(gzclose(f), Z_OK);
 }
 
@@ -59,7 +60,8 @@ class FashionIdxRoundTrip : public ::testing::TestWithParam<bool> {};
 
 TEST_P(FashionIdxRoundTrip, ReadsBackWhatWasWritten) {
   TempDir dir;
-  for (const auto& dims : std::vector<std::vector<std::uint32_t>>{{5}, {3, 4, 5}, {0, 28, 28}, {2000, 28, 28}}) {
+  for (const auto& dims :
+       std::vector<std::vector<std::uint32_t>>{{5}, {3, 4, 5}, {0, 28, 28}, {2000, 28, 28}}) {
     const auto written = counting(dims);
     writeIdx(dir.file("a.idx"), written, GetParam());
     const auto read = idx::readIdx(dir.file("a.idx"));

@@ -41,7 +41,8 @@ SyntheticData writeSynthetic(const std::string& dir, std::int64_t n_train, std::
     images += 120 * torch::nn::functional::one_hot(labels % kSide, kSide).repeat({1, kSide});
     return std::make_pair(images.clamp(0, 255).to(torch::kByte).contiguous(), labels);
   };
-  auto write = [&](const std::string& name, const torch::Tensor& t, std::vector<std::uint32_t> dims) {
+  auto write = [&](const std::string& name, const torch::Tensor& t,
+                   std::vector<std::uint32_t> dims) {
     idx::IdxArray a;
     a.dims = std::move(dims);
     const auto bytes = t.to(torch::kByte).contiguous();
@@ -71,7 +72,8 @@ std::vector<torch::Tensor> referenceTraining(const SyntheticData& data, std::int
   auto model = fashion::makeNet(kSide * kSide, c.hidden, c.seed);
   std::unique_ptr<torch::optim::Optimizer> opt;
   if (c.optimizer == OptimizerKind::kAdam) {
-    opt = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(c.lr));
+    opt =
+        std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(c.lr));
   } else {
     opt = std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(c.lr));
   }
@@ -101,11 +103,13 @@ double relErr(const torch::Tensor& a, const torch::Tensor& b) {
          std::max(b.to(torch::kDouble).norm().item<double>(), 1e-30);
 }
 
-bool bitwiseEqual(const std::vector<fashion::Parameter>& a, const std::vector<fashion::Parameter>& b) {
+bool bitwiseEqual(const std::vector<fashion::Parameter>& a,
+                  const std::vector<fashion::Parameter>& b) {
   if (a.size() != b.size()) return false;
   for (std::size_t i = 0; i < a.size(); ++i) {
     if (a[i].name != b[i].name || a[i].values.size() != b[i].values.size() ||
-        std::memcmp(a[i].values.data(), b[i].values.data(), a[i].values.size() * sizeof(float)) != 0) {
+        std::memcmp(a[i].values.data(), b[i].values.data(), a[i].values.size() * sizeof(float)) !=
+            0) {
       return false;
     }
   }
@@ -176,15 +180,15 @@ TEST_P(FashionTrainingParity, WorkersWithBatchBEqualOneProcessWithBatchWTimesB) 
   EXPECT_LT(got.epochs.back().train_loss, got.epochs.front().train_loss);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Cases, FashionTrainingParity,
-    ::testing::Values(ParityCase{2, 8, OptimizerKind::kAdam, 1e-2},
-                      ParityCase{2, 8, OptimizerKind::kSgd, 0.1},
-                      ParityCase{3, 5, OptimizerKind::kAdam, 1e-2}),
-    [](const auto& info) {
-      return std::to_string(info.param.workers) + "x" + std::to_string(info.param.batch) + "_" +
-             fashion::optimizerName(info.param.optimizer);
-    });
+INSTANTIATE_TEST_SUITE_P(Cases, FashionTrainingParity,
+                         ::testing::Values(ParityCase{2, 8, OptimizerKind::kAdam, 1e-2},
+                                           ParityCase{2, 8, OptimizerKind::kSgd, 0.1},
+                                           ParityCase{3, 5, OptimizerKind::kAdam, 1e-2}),
+                         [](const auto& info) {
+                           return std::to_string(info.param.workers) + "x" +
+                                  std::to_string(info.param.batch) + "_" +
+                                  fashion::optimizerName(info.param.optimizer);
+                         });
 
 class FashionTrainingResume : public FashionTrainingTest,
                               public ::testing::WithParamInterface<bool> {};
@@ -198,7 +202,7 @@ TEST_P(FashionTrainingResume, ResumedRunEqualsUninterruptedRun) {
   auto c = config(dir);
   c.single = GetParam();
   c.workers = 2;
-  c.batch = 8;   // 200 / 16: 12 full steps and 8 left, 13 steps per epoch
+  c.batch = 8;  // 200 / 16: 12 full steps and 8 left, 13 steps per epoch
   c.lr = 1e-2;
   c.epochs = 3;
 
@@ -254,7 +258,8 @@ TEST_F(FashionTrainingTest, ResumeRefusesOtherSettings) {
 TEST_F(FashionTrainingTest, LearnsTheRealDataWhenInstalled) {
   fashion::TrainConfig c;
   if (!std::filesystem::exists(c.data_dir + "/train-images-idx3-ubyte.gz")) {
-    GTEST_SKIP() << c.data_dir << " is absent (Debian package " << idx::kDebianFashionMnistPackage << ")";
+    GTEST_SKIP() << c.data_dir << " is absent (Debian package " << idx::kDebianFashionMnistPackage
+                 << ")";
   }
   c.workers = 2;
   c.epochs = 1;

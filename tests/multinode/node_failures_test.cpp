@@ -34,7 +34,7 @@ TEST_F(MultiNode, AStalledNodeEndsTheOtherWithNodeFailedAfterTheTimeout) {
   other.stop_self_at_step = 2;
   const auto results = runNodes({run, other});
   EXPECT_EQ(results[0].outcome, kNodeFailed) << results[0].what;
-  EXPECT_GE(results[0].seconds, 2.0);        // it waited for the deadline...
+  EXPECT_GE(results[0].seconds, 2.0);         // it waited for the deadline...
   EXPECT_LT(results[0].seconds, 2.0 + 15.0);  // ...and not much longer
 }
 

@@ -62,7 +62,10 @@ void send(int fd, const NodeResult& r) {
   std::ostringstream buf;
   torch::save(r.params, buf);
   const std::string blob = buf.str();
-  const int64_t header[7] = {r.outcome, r.usable_after, r.children_after, r.retry,
+  const int64_t header[7] = {r.outcome,
+                             r.usable_after,
+                             r.children_after,
+                             r.retry,
                              static_cast<int64_t>(r.what.size()),
                              static_cast<int64_t>(r.retry_what.size()),
                              static_cast<int64_t>(blob.size())};
@@ -117,28 +120,33 @@ NodeResult trainNode(const NodeRun& run) {
   o.nodes.checksum_interval = 2;
   NodeResult result;
   std::optional<gradagg::Aggregator> agg;
-  result.outcome = outcomeOf([&] {
-    agg.emplace(*model, [&](const gradagg::ShardContext& c) {
-      if (c.step == run.kill_self_at_step && c.rank == 0) ::kill(::getppid(), SIGKILL);
-      if (c.step == run.stop_self_at_step && c.rank == 0) ::kill(::getppid(), SIGSTOP);
-      if (c.step == run.throw_at_step && c.rank == 0)
-        throw std::runtime_error("bad record on node " + std::to_string(run.node));
-      const auto bounds = shardBounds(run.batch, c.global_workers, run.unequal);
-      const int64_t b = bounds[c.global_rank], e = bounds[c.global_rank + 1];
-      auto loss = model->loss(model->forward(data.x.slice(0, b, e)), data.y.slice(0, b, e));
-      if (c.step == run.nan_loss_at_step && c.rank == 0) loss = loss * std::nan("");
-      return gradagg::ShardResult{loss, e - b};
-    }, o);
-    for (int s = 0; s < run.steps; ++s) {
-      sgd.zero_grad();
-      agg->step();
-      sgd.step();
-      if (s == run.perturb_after_step) {
-        torch::NoGradGuard no_grad;
-        model->parameters()[0].add_(1e-3);
-      }
-    }
-  }, &result.what);
+  result.outcome = outcomeOf(
+      [&] {
+        agg.emplace(
+            *model,
+            [&](const gradagg::ShardContext& c) {
+              if (c.step == run.kill_self_at_step && c.rank == 0) ::kill(::getppid(), SIGKILL);
+              if (c.step == run.stop_self_at_step && c.rank == 0) ::kill(::getppid(), SIGSTOP);
+              if (c.step == run.throw_at_step && c.rank == 0)
+                throw std::runtime_error("bad record on node " + std::to_string(run.node));
+              const auto bounds = shardBounds(run.batch, c.global_workers, run.unequal);
+              const int64_t b = bounds[c.global_rank], e = bounds[c.global_rank + 1];
+              auto loss = model->loss(model->forward(data.x.slice(0, b, e)), data.y.slice(0, b, e));
+              if (c.step == run.nan_loss_at_step && c.rank == 0) loss = loss * std::nan("");
+              return gradagg::ShardResult{loss, e - b};
+            },
+            o);
+        for (int s = 0; s < run.steps; ++s) {
+          sgd.zero_grad();
+          agg->step();
+          sgd.step();
+          if (s == run.perturb_after_step) {
+            torch::NoGradGuard no_grad;
+            model->parameters()[0].add_(1e-3);
+          }
+        }
+      },
+      &result.what);
   if (result.outcome == kNodeFailed && agg) {
     result.usable_after = agg->usable();
     result.children_after = static_cast<int>(childPids().size());

@@ -25,7 +25,7 @@ struct NodeRun {
   bool unequal = false;
   std::string store;
   std::chrono::milliseconds timeout{20000};
-  int kill_self_at_step = -1;  // this node's parent dies (SIGKILL) during that step
+  int kill_self_at_step = -1;   // this node's parent dies (SIGKILL) during that step
   int perturb_after_step = -1;  // this node's parameters drift after that step
   int stop_self_at_step = -1;   // this node's parent stops (SIGSTOP) during that step: a stall
   int throw_at_step = -1;       // this node's worker 0 throws from the shard function then
@@ -34,7 +34,12 @@ struct NodeRun {
 
 // How a call ended: normally, or with which error.
 enum Outcome : int {
-  kOk = 0, kNodeFailed = 1, kInvalidArgument = 2, kOther = 3, kNotUsable = 4, kWorkerFailed = 5
+  kOk = 0,
+  kNodeFailed = 1,
+  kInvalidArgument = 2,
+  kOther = 3,
+  kNotUsable = 4,
+  kWorkerFailed = 5
 };
 void PrintTo(Outcome outcome, std::ostream* os);  // for GoogleTest's messages
 
@@ -47,7 +52,7 @@ struct NodeResult {
   // After a NodeFailed: what the node's aggregator was left as (include/gradagg/errors.h
   // says: workers stopped, no longer usable), and how one more step() ended.
   bool usable_after = false;
-  int children_after = -1;   // the node's child processes (its workers) still there
+  int children_after = -1;  // the node's child processes (its workers) still there
   Outcome retry = kOther;
   std::string retry_what;
 };

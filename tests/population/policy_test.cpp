@@ -87,11 +87,11 @@ TEST(PopulationPolicy, TournamentCopiesARandomPeerOnlyWhenBetter) {
     auto a = DecisionRng::derive(9, 1, i, 4);
     EXPECT_EQ(p.chooseDonor(input(1, s), a), -1);  // the best never copies
     auto b = DecisionRng::derive(9, 3, i, 4);
-    const int d = p.chooseDonor(input(3, s), b);   // the worst always does
+    const int d = p.chooseDonor(input(3, s), b);  // the worst always does
     ASSERT_TRUE(d >= 0 && d != 3);
     ++hits[static_cast<std::size_t>(d)];
     auto c = DecisionRng::derive(9, 0, i, 4);
-    const int e = p.chooseDonor(input(0, s), c);   // rank 0 copies 1 or 2, never 3
+    const int e = p.chooseDonor(input(0, s), c);  // rank 0 copies 1 or 2, never 3
     ASSERT_TRUE(e == -1 || e == 1 || e == 2);
   }
   for (int r : {0, 1, 2}) EXPECT_NEAR(hits[r] / 3000.0, 1 / 3.0, 0.04);

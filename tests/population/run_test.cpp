@@ -49,7 +49,8 @@ struct Fixture {
       return Hyperparams{{"lr", 0.01 * (rank + 1) * (0.5 + rng.uniform())}, {"momentum", 0.9}};
     };
     f.train_step = [this](const gradagg::MemberContext& c) {
-      const auto rows = torch::arange((c.step * 8 + c.rank * 3) % 56, (c.step * 8 + c.rank * 3) % 56 + 8);
+      const auto rows =
+          torch::arange((c.step * 8 + c.rank * 3) % 56, (c.step * 8 + c.rank * 3) % 56 + 8);
       c.optimizer->zero_grad();
       torch::mse_loss(net->forward(x.index_select(0, rows)), y.index_select(0, rows)).backward();
       c.optimizer->step();
@@ -80,12 +81,15 @@ gradagg::PopulationOptions options(Policy policy) {
 
 // Rank 1 always copies rank 0.
 Policy oneCopiesZero() {
-  return Policy::custom("1<-0", [](const PolicyInput& in, DecisionRng&) { return in.rank == 1 ? 0 : -1; });
+  return Policy::custom("1<-0",
+                        [](const PolicyInput& in, DecisionRng&) { return in.rank == 1 ? 0 : -1; });
 }
 
-void expectEqual(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b, const std::string& what) {
+void expectEqual(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b,
+                 const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
-  for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(torch::equal(a[k], b[k])) << what << " tensor " << k;
+  for (size_t k = 0; k < a.size(); ++k)
+    EXPECT_TRUE(torch::equal(a[k], b[k])) << what << " tensor " << k;
 }
 
 // The momentum buffers (loaded into a fresh optimizer) and the lr saved in serialized SGD state.
@@ -104,13 +108,15 @@ std::pair<std::vector<torch::Tensor>, double> sgdState(const std::string& bytes)
   group_options.read("lr", lr);
   std::vector<torch::Tensor> bufs;
   for (auto& p : net->parameters()) {
-    auto& st = static_cast<torch::optim::SGDParamState&>(*opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+    auto& st = static_cast<torch::optim::SGDParamState&>(
+        *opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
     bufs.push_back(st.momentum_buffer().clone());
   }
   return {bufs, lr.toDouble()};  // the lr saved with the state
 }
 
-class PopulationTest : public gradagg_test::GradaggTest, public ::testing::WithParamInterface<std::tuple<bool, bool>> {};
+class PopulationTest : public gradagg_test::GradaggTest,
+                       public ::testing::WithParamInterface<std::tuple<bool, bool>> {};
 
 TEST_P(PopulationTest, ACopyCarriesExactlyWhatTheOptionsSay) {
   const auto [copy_state, copy_hp] = GetParam();
@@ -140,11 +146,13 @@ TEST_P(PopulationTest, ACopyCarriesExactlyWhatTheOptionsSay) {
   const auto [momentum, lr] = sgdState(copied.optimizer_state);
   EXPECT_EQ(lr, copied.hyperparams.at("lr"));
   bool same = true;
-  for (size_t k = 0; k < momentum.size(); ++k) same = same && torch::equal(momentum[k], donor_momentum[k]);
+  for (size_t k = 0; k < momentum.size(); ++k)
+    same = same && torch::equal(momentum[k], donor_momentum[k]);
   EXPECT_EQ(same, copy_state);
   population.shutdown();
 }
-INSTANTIATE_TEST_SUITE_P(Options, PopulationTest, ::testing::Combine(::testing::Bool(), ::testing::Bool()));
+INSTANTIATE_TEST_SUITE_P(Options, PopulationTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()));
 
 class PopulationRunTest : public gradagg_test::GradaggTest {};
 
@@ -216,7 +224,8 @@ TEST_F(PopulationRunTest, ResumingFromACheckpointEqualsAnUninterruptedRun) {
     EXPECT_EQ(got[r].step, want[r].step) << who;
     EXPECT_EQ(got[r].last_copy_step, want[r].last_copy_step) << who;
     EXPECT_EQ(sgdState(got[r].optimizer_state).first.size(), 2u);
-    expectEqual(sgdState(got[r].optimizer_state).first, sgdState(want[r].optimizer_state).first, who + " momentum");
+    expectEqual(sgdState(got[r].optimizer_state).first, sgdState(want[r].optimizer_state).first,
+                who + " momentum");
   }
 }
 
@@ -233,7 +242,7 @@ TEST_F(PopulationRunTest, AMemberKilledMidPublishRaisesWorkerDiedAndItsLastSnaps
   const auto before = population.snapshot(1);
   ASSERT_EQ(before.version, 2u);
   if (const auto e = expectThrows<gradagg::WorkerDied>([&] { population.generation(); },
-                                                      "publishing its snapshot")) {
+                                                       "publishing its snapshot")) {
     EXPECT_EQ(e->rank(), 1);
     EXPECT_EQ(e->phase(), gradagg::Phase::kPublishing);
     EXPECT_EQ(e->signal(), SIGKILL);
@@ -296,8 +305,8 @@ TEST_F(PopulationRunTest, MaxRestartsForksADeadMemberAgainFromItsLatestSnapshot)
   Fixture f;
   // Shared with the members: the hook kills rank 1 halfway through its first
   // publish of version 3, once.
-  auto* killed = static_cast<std::atomic<int>*>(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE,
-                                                       MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  auto* killed = static_cast<std::atomic<int>*>(
+      ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(killed, MAP_FAILED);
   killed->store(0);
   auto o = options(Policy::none());  // versions: 1 start, 2 generation 0, 3 generation 1
@@ -317,7 +326,8 @@ TEST_F(PopulationRunTest, MaxRestartsForksADeadMemberAgainFromItsLatestSnapshot)
     population.generation();
     EXPECT_EQ(population.restarts(), 2);
     EXPECT_TRUE(population.usable());
-    for (int r = 0; r < 4; ++r) EXPECT_TRUE(torch::isfinite(population.snapshot(r).parameters[0]).all().item<bool>());
+    for (int r = 0; r < 4; ++r)
+      EXPECT_TRUE(torch::isfinite(population.snapshot(r).parameters[0]).all().item<bool>());
     ::kill(population.workerPids()[0], SIGKILL);  // no restarts left
     EXPECT_THROW(population.generation(), gradagg::WorkerDied);
   }

@@ -35,10 +35,13 @@ struct OneMember {
     pop::MetaValues m;
     m.version = version;
     m.step = static_cast<std::int64_t>(version) * 10;
-    pop::publish(area, m, [&](std::byte* p) {
-      auto* f = reinterpret_cast<float*>(p);
-      for (std::size_t i = 0; i < floats; ++i) f[i] = static_cast<float>(version);
-    }, midway);
+    pop::publish(
+        area, m,
+        [&](std::byte* p) {
+          auto* f = reinterpret_cast<float*>(p);
+          for (std::size_t i = 0; i < floats; ++i) f[i] = static_cast<float>(version);
+        },
+        midway);
   }
   // 0: a consistent copy of a published version; otherwise what was wrong.
   int readAndCheck(std::vector<float>& buf, std::uint64_t* version) {
@@ -59,8 +62,8 @@ TEST_F(PopulationSnapshotTest, ReadersInOtherProcessesOnlyEverSeePublishedVersio
   OneMember m(1 << 16);  // 256 KiB per snapshot: a copy takes long enough to overlap writes
   m.publish(1);
   // Shared: how many readers are satisfied. The writer publishes until all are.
-  auto* satisfied = static_cast<std::atomic<int>*>(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE,
-                                                          MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  auto* satisfied = static_cast<std::atomic<int>*>(
+      ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   ASSERT_NE(satisfied, MAP_FAILED);
   satisfied->store(0);
   constexpr int kReaders = 3;

@@ -47,8 +47,8 @@ std::optional<E> expectThrows(F&& fn, std::string_view substring = {},
       ADD_FAILURE_AT(file, line) << "expected " << expected << "; its message is: " << e.what();
     return e;
   } catch (const std::exception& e) {
-    ADD_FAILURE_AT(file, line) << "expected " << expected << "; got " << typeName(typeid(e))
-                               << ": " << e.what();
+    ADD_FAILURE_AT(file, line) << "expected " << expected << "; got " << typeName(typeid(e)) << ": "
+                               << e.what();
     return std::nullopt;
   } catch (...) {
     ADD_FAILURE_AT(file, line) << "expected " << expected << "; got an exception that is not a "

@@ -40,10 +40,9 @@ TEST(ExpectThrows, AnotherTypeIsAFailureNamingBothTypesAndTheMessage) {
 
 TEST(ExpectThrows, AMessageWithoutTheSubstringIsAFailureAndTheExceptionIsStillReturned) {
   static std::optional<std::runtime_error> got;
-  EXPECT_NONFATAL_FAILURE(
-      got = expectThrows<std::runtime_error>([] { throw std::runtime_error("worker 2 died"); },
-                                             "worker 1"),
-      "its message is: worker 2 died");
+  EXPECT_NONFATAL_FAILURE(got = expectThrows<std::runtime_error>(
+                              [] { throw std::runtime_error("worker 2 died"); }, "worker 1"),
+                          "its message is: worker 2 died");
   ASSERT_TRUE(got.has_value());
   EXPECT_STREQ(got->what(), "worker 2 died");
 }

@@ -10,10 +10,14 @@ namespace gradagg_test {
 
 std::string kindName(ModelKind kind) {
   switch (kind) {
-    case ModelKind::kLinear: return "Linear";
-    case ModelKind::kMlp: return "Mlp";
-    case ModelKind::kConvBnEval: return "ConvBnEval";
-    case ModelKind::kConvBnTrain: return "ConvBnTrain";
+    case ModelKind::kLinear:
+      return "Linear";
+    case ModelKind::kMlp:
+      return "Mlp";
+    case ModelKind::kConvBnEval:
+      return "ConvBnEval";
+    case ModelKind::kConvBnTrain:
+      return "ConvBnTrain";
   }
   return "?";
 }
@@ -65,10 +69,16 @@ struct ConvBnModel : TestModel {
 std::shared_ptr<TestModel> construct(ModelKind kind) {
   std::shared_ptr<TestModel> m;
   switch (kind) {
-    case ModelKind::kLinear: m = std::make_shared<LinearModel>(); break;
-    case ModelKind::kMlp: m = std::make_shared<MlpModel>(); break;
+    case ModelKind::kLinear:
+      m = std::make_shared<LinearModel>();
+      break;
+    case ModelKind::kMlp:
+      m = std::make_shared<MlpModel>();
+      break;
     case ModelKind::kConvBnEval:
-    case ModelKind::kConvBnTrain: m = std::make_shared<ConvBnModel>(); break;
+    case ModelKind::kConvBnTrain:
+      m = std::make_shared<ConvBnModel>();
+      break;
   }
   m->kind = kind;
   return m;
@@ -217,7 +227,8 @@ void expectClose(const std::vector<torch::Tensor>& got, const std::vector<torch:
     if (!got[k].defined()) continue;
     ASSERT_EQ(got[k].sizes(), want[k].sizes()) << what << ": tensor " << k;
     const double own = want[k].to(torch::kDouble).norm().item<double>();
-    const double diff = (got[k].to(torch::kDouble) - want[k].to(torch::kDouble)).norm().item<double>();
+    const double diff =
+        (got[k].to(torch::kDouble) - want[k].to(torch::kDouble)).norm().item<double>();
     EXPECT_LE(diff / std::max({own, 1e-2 * whole, 1e-300}), tol) << what << ": tensor " << k;
   }
 }
@@ -237,8 +248,8 @@ std::vector<pid_t> childPids() {
 }
 
 void GradaggTest::TearDown() {
-  EXPECT_TRUE(childPids().empty()) << "a test left " << childPids().size()
-                                   << " child process(es) behind";
+  EXPECT_TRUE(childPids().empty())
+      << "a test left " << childPids().size() << " child process(es) behind";
 }
 
 }  // namespace gradagg_test
