@@ -21,10 +21,14 @@ constexpr auto kParentCheck = std::chrono::milliseconds(100);
 }  // namespace
 
 std::chrono::nanoseconds SpinPolicy::budget() const noexcept {
-  return spin_ ? kSpin : std::chrono::nanoseconds(0);
+  return average_ns_ <= 2.0 * static_cast<double>(kSpin.count()) ? kSpin
+                                                                   : std::chrono::nanoseconds(0);
 }
 
-void SpinPolicy::record(Clock::duration waited) noexcept { spin_ = waited <= kSpin; }
+void SpinPolicy::record(Clock::duration waited) noexcept {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(waited).count();
+  average_ns_ += (static_cast<double>(ns) - average_ns_) / 8;
+}
 
 std::string Awaited::describe() const {
   std::string out = number >= 0 ? fmt::format("{} {}", name, number) : std::string(name);

@@ -39,17 +39,17 @@
 namespace gradagg::detail {
 
 // How long a wait spins before it blocks. It spins (up to the budget) while
-// its previous round ended within the budget, and blocks at once while rounds
-// take longer: then spinning only takes a core from the processes it waits
-// for (on a machine with fewer cores than processes), and a futex wake-up costs
-// little next to the round.
+// its rounds are short (a moving average of the last few within twice the
+// budget), and blocks at once while they are long: then spinning only takes a
+// core from the processes it waits for (on a machine with fewer cores than
+// processes), and a futex wake-up costs little next to the round.
 class SpinPolicy {
  public:
   std::chrono::nanoseconds budget() const noexcept;
   void record(Clock::duration waited) noexcept;
 
  private:
-  bool spin_ = true;
+  double average_ns_ = 0;
 };
 
 // One worker's words, wherever its mode keeps them.
