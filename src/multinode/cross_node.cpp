@@ -153,9 +153,11 @@ CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBindin
   for (const Run& run : runs) {
     const auto count =
         static_cast<std::int64_t>((run.end - run.begin) / c10::elementSize(run.dtype));
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < 2; ++i) {
       runs_[i].push_back(at::from_blob(segment_.result(i) + run.begin, {count},
                                        at::TensorOptions().dtype(run.dtype)));
+      sums_[i].push_back(group_.bindSum(runs_[i].back()));
+    }
   }
 }
 
@@ -216,7 +218,7 @@ StepTotals CrossNode::reduce(const StepTotals& local, std::vector<std::uint8_t>&
     writeStatus(reinterpret_cast<float*>(status), local, any_grad);
   // A node whose workers failed sends whatever its result holds: every node
   // then sees the failure in the status and discards the sums.
-  group_.allreduceSum(runs_[result], "the cross-node allreduce of the step");
+  group_.allreduceBound(sums_[result], "the cross-node allreduce of the step");
   const StepTotals all = wide ? readStatus(reinterpret_cast<const double*>(status), any_grad)
                               : readStatus(reinterpret_cast<const float*>(status), any_grad);
   if (all.failed || all.non_finite) return all;

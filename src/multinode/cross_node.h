@@ -7,8 +7,8 @@
 // non-finite counts, the weight total D, the samples, the weighted loss, one
 // has-grad count per parameter) and the node parents allreduce the result: one
 // collective per dtype run (float32 and float64 are one run each), the status
-// riding at the end of the last, all started together. One round trip carries
-// both, so a small model pays Gloo's latency once per step. After it:
+// riding at the end of the last, run by gloo in this thread. One round trip
+// carries both, so a small model pays Gloo's latency once per step. After it:
 //   - if any node failed (or found a non-finite gradient), every node refuses
 //     the step and discards the sums (nothing is applied anywhere);
 //   - else each node divides every parameter some node gave a gradient by the
@@ -68,8 +68,10 @@ class CrossNode final : public ReductionStage {
   int global_workers_ = 0;
   int host_workers_ = 0;
   // Per result region: one view per dtype run, the last one also over the
-  // status tail (kStatusFields + parameters elements of status_dtype_).
+  // status tail (kStatusFields + parameters elements of status_dtype_), and
+  // their sums bound once in the node group.
   std::vector<at::Tensor> runs_[2];
+  std::vector<int> sums_[2];
   c10::ScalarType status_dtype_ = c10::ScalarType::Double;
   std::vector<at::Tensor> slot0_buffers_;  // views of slot 0's buffer area
 };

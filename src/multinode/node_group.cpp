@@ -1,5 +1,10 @@
 #include "multinode/node_group.h"
 
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -11,9 +16,35 @@
 
 namespace gradagg::detail {
 
+namespace {
+// gloo's rendezvous over a c10d store.
+class GlooStore final : public ::gloo::rendezvous::Store {
+ public:
+  explicit GlooStore(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(key, std::vector<std::uint8_t>(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    const auto bytes = store_->get(key);
+    return std::vector<char>(bytes.begin(), bytes.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { store_->wait(keys); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    store_->wait(keys, timeout);
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+}  // namespace
+
 struct NodeGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+  // The step's collectives: a gloo context of its own and one bound sum each.
+  std::shared_ptr<::gloo::rendezvous::Context> context;
+  std::vector<std::unique_ptr<::gloo::AllreduceOptions>> sums;
 };
 
 namespace {
@@ -47,6 +78,10 @@ NodeGroup::NodeGroup(const NodeOptions& o)
     options->threads = 2;
     impl_->group =
         c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, o.node_rank, o.nodes, options);
+    GlooStore step_store(c10::make_intrusive<c10d::PrefixStore>("step", impl_->store));
+    impl_->context = std::make_shared<::gloo::rendezvous::Context>(o.node_rank, o.nodes);
+    impl_->context->setTimeout(o.timeout);
+    impl_->context->connectFullMesh(step_store, options->devices.front());
   } catch (const std::exception& e) {
     throw NodeFailed(
         fmt::format("gradagg: node {} of {}: rendezvous through {} failed within {} ms: {}",
@@ -77,15 +112,28 @@ void NodeGroup::allreduceSum(at::Tensor& t, const char* what) {
   }
 }
 
-void NodeGroup::allreduceSum(std::vector<at::Tensor>& tensors, const char* what) {
+int NodeGroup::bindSum(const at::Tensor& tensor) {
+  auto sum = std::make_unique<::gloo::AllreduceOptions>(impl_->context);
+  const auto count = static_cast<std::size_t>(tensor.numel());
+  if (tensor.scalar_type() == at::kDouble) {
+    sum->setOutput(tensor.data_ptr<double>(), count);
+    sum->setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&::gloo::sum<double>));
+  } else {
+    sum->setOutput(tensor.data_ptr<float>(), count);
+    sum->setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&::gloo::sum<float>));
+  }
+  const int handle = static_cast<int>(impl_->sums.size());
+  sum->setTag(static_cast<std::uint32_t>(handle));
+  sum->setTimeout(timeout_);
+  impl_->sums.push_back(std::move(sum));
+  return handle;
+}
+
+void NodeGroup::allreduceBound(const std::vector<int>& handles, const char* what) {
   try {
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    works.reserve(tensors.size());
-    for (at::Tensor& t : tensors) {
-      std::vector<at::Tensor> one{t};
-      works.push_back(impl_->group->allreduce(one));
-    }
-    for (auto& work : works) work->wait(timeout_);
+    for (const int h : handles) ::gloo::allreduce(*impl_->sums[static_cast<std::size_t>(h)]);
   } catch (const std::exception& e) {
     fail(what, e);
   }

@@ -28,8 +28,14 @@ class NodeGroup {
 
   // In place: the sum over all nodes (identical bits on every node). Throws NodeFailed.
   void allreduceSum(at::Tensor& t, const char* what);
-  // The same for each tensor, all started before any is waited for.
-  void allreduceSum(std::vector<at::Tensor>& tensors, const char* what);
+  // The step's collective: sums over all nodes of tensors bound once (their
+  // memory must stay put), run in the calling thread by gloo directly over this
+  // group's own connections. On a small gradient c10d's hand-off to its worker
+  // threads and back costs more than the transfer. Returns a handle for
+  // allreduceBound().
+  int bindSum(const at::Tensor& tensor);
+  // Runs the bound sums `handles`, in order, in place. Throws NodeFailed.
+  void allreduceBound(const std::vector<int>& handles, const char* what);
   // In place: node 0's values everywhere. Throws NodeFailed.
   void broadcastFromNode0(at::Tensor& t, const char* what);
   // Every node contributes `value`; returns all of them in node order. Throws NodeFailed.
