@@ -59,7 +59,6 @@ void Applier::gradients(int result) {
 void Applier::clearGradients() {
   for (TensorEntry& p : binding_.params())
     if (p.tensor.grad().defined()) p.tensor.mutable_grad() = at::Tensor();
-  std::fill(weights_.begin(), weights_.end(), 0.0);
 }
 
 void Applier::buffers() {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -129,23 +130,23 @@ CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBindin
     group_.broadcastFromNode0(v, "broadcasting the initial buffers");
     slot0_buffers_.push_back(viewAt(e, segment_.slotBuffers(0)));
   }
-  // One run per dtype (ModelBinding groups the offsets by dtype); the last one
-  // extends over the status tail, in its dtype.
+  // One run per dtype, in ModelBinding's order (float32, then float64); the
+  // last one extends over the status tail, in its dtype.
   const auto& params = binding.params();
   struct Run {
     c10::ScalarType dtype;
     std::uint64_t begin, end;
   };
   std::vector<Run> runs;
-  for (const TensorEntry& p : params) {
-    auto run =
-        std::find_if(runs.begin(), runs.end(), [&](const Run& r) { return r.dtype == p.dtype; });
-    if (run == runs.end()) runs.push_back(Run{p.dtype, p.offset, p.offset + p.bytes});
-    run = std::find_if(runs.begin(), runs.end(), [&](const Run& r) { return r.dtype == p.dtype; });
-    run->begin = std::min(run->begin, p.offset);
-    run->end = std::max(run->end, p.offset + p.bytes);
+  for (const auto dtype : {at::kFloat, at::kDouble}) {
+    Run run{dtype, std::numeric_limits<std::uint64_t>::max(), 0};
+    for (const TensorEntry& p : params) {
+      if (p.dtype != dtype) continue;
+      run.begin = std::min(run.begin, p.offset);
+      run.end = std::max(run.end, p.offset + p.bytes);
+    }
+    if (run.end > 0) runs.push_back(run);
   }
-  std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.begin < b.begin; });
   const std::uint64_t param_bytes = segment_.layout.sizes.param_bytes;
   if (runs.empty()) runs.push_back(Run{c10::ScalarType::Double, param_bytes, param_bytes});
   status_dtype_ = runs.back().dtype;
