@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include <gradagg/model.h>
 #include <gradagg/options.h>
 #include <gradagg/shard.h>
 #include <gradagg/step_report.h>
@@ -25,6 +26,10 @@ class Aggregator {
   // Throws InvalidArgument for a model it cannot serve (CUDA, sparse or
   // unsupported dtype parameters) or bad options.
   Aggregator(torch::nn::Module& model, ShardFn shard, Options options = {});
+  // The same for any list of named parameters and buffers (gradagg/model.h):
+  // a TorchScript module (gradagg/script.h), a Python module, your own list.
+  // The tensors must outlive the Aggregator.
+  Aggregator(ModelView model, ShardFn shard, Options options = {});
   // Stops and reaps the workers and gives the model its own memory back.
   ~Aggregator();
   Aggregator(Aggregator&&) noexcept;

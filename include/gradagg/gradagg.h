@@ -4,6 +4,7 @@
 
 #include <gradagg/aggregator.h>
 #include <gradagg/errors.h>
+#include <gradagg/model.h>
 #include <gradagg/options.h>
 #include <gradagg/population.h>
 #include <gradagg/shard.h>

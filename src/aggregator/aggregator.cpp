@@ -31,7 +31,6 @@
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
-#include <torch/nn/module.h>
 
 #include <gradagg/errors.h>
 
@@ -71,7 +70,7 @@ struct Aggregator::Impl {
   // Declaration order is destruction order reversed: workers go first, then the
   // model gets its memory back, then the segment is unmapped.
   Options options;
-  torch::nn::Module* model;
+  ModelView model;
   ShardFn shard;
   Segment segment;
   ModelBinding binding;
@@ -89,8 +88,11 @@ struct Aggregator::Impl {
   ResultPair results;
   StepReport report;
 
-  Impl(torch::nn::Module& m, ShardFn fn, Options opts)
-      : options((opts.validate(), std::move(opts))), model(&m), shard(std::move(fn)), binding(m) {
+  Impl(ModelView m, ShardFn fn, Options opts)
+      : options((opts.validate(), std::move(opts))),
+        model(std::move(m)),
+        shard(std::move(fn)),
+        binding(model) {
     if (!shard) throw InvalidArgument("shard function: expected a callable, got an empty ShardFn");
     const int n = options.workers;
     const Layout layout = Layout::plan(binding.sizes(n), pageBytes());
@@ -101,7 +103,9 @@ struct Aggregator::Impl {
                   segment.base() + segment.size());
     flat = flatParams(binding);
     ranges = splitRanges(layout.sizes.param_bytes, n);
-    for (const auto& p : model->parameters()) param_list.push_back(p.unsafeGetTensorImpl());
+    if (model.current_parameters)
+      for (const auto& p : model.current_parameters())
+        param_list.push_back(p.unsafeGetTensorImpl());
     report.workers.resize(n);
     apply = std::make_unique<Applier>(binding, map, options);
     if (options.nodes.nodes > 1)
@@ -138,7 +142,7 @@ struct Aggregator::Impl {
     s.segment = &segment;
     s.layout = map.layout;
     s.binding = &binding;
-    s.model = model;
+    s.model = &model;
     s.shard = &shard;
     s.options = &options;
     s.flat = &flat;
@@ -162,8 +166,8 @@ struct Aggregator::Impl {
 
   void verifyModel() {
     binding.verify();
-    if (!options.check_parameter_list) return;
-    const auto now = model->parameters();
+    if (!options.check_parameter_list || !model.current_parameters) return;
+    const auto now = model.current_parameters();
     bool same = now.size() == param_list.size();
     for (std::size_t k = 0; same && k < now.size(); ++k)
       same = now[k].unsafeGetTensorImpl() == param_list[k];
@@ -204,7 +208,7 @@ struct Aggregator::Impl {
     Header& h = map.header();
     h.command = static_cast<std::uint32_t>(c);
     h.step = steps_done;
-    h.training = model->is_training() ? 1 : 0;
+    h.training = !model.is_training || model.is_training() ? 1 : 0;
     h.result_index = static_cast<std::uint32_t>(results.fresh());
     h.command_ns = nowNs();
     channel.command({{&h.computed, /*closed=*/true}, {&h.reduced}});
@@ -283,8 +287,10 @@ struct Aggregator::Impl {
   }
 };
 
+Aggregator::Aggregator(ModelView model, ShardFn shard, Options options)
+    : impl_(std::make_unique<Impl>(std::move(model), std::move(shard), std::move(options))) {}
 Aggregator::Aggregator(torch::nn::Module& model, ShardFn shard, Options options)
-    : impl_(std::make_unique<Impl>(model, std::move(shard), std::move(options))) {}
+    : Aggregator(viewOf(model), std::move(shard), std::move(options)) {}
 Aggregator::~Aggregator() = default;
 Aggregator::Aggregator(Aggregator&&) noexcept = default;
 Aggregator& Aggregator::operator=(Aggregator&&) noexcept = default;

@@ -163,7 +163,8 @@ class Worker {
     enter(Phase::kLoadingSnapshot);
     if (s_.options->seed_workers) at::manual_seed(stepSeed());
     const bool training = header_.training != 0;
-    if (s_.model->is_training() != training) s_.model->train(training);
+    const ModelView& m = *s_.model;
+    if (m.set_training && (!m.is_training || m.is_training() != training)) m.set_training(training);
     at::NoGradGuard no_grad;
     for (TensorEntry& b : s_.binding->buffers())
       b.tensor.copy_(viewAt(b, s_.binding->bufferRegion()));

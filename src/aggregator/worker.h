@@ -19,10 +19,10 @@ namespace gradagg::detail {
 struct WorkerSetup {
   int rank = 0;
   int threads = 1;
-  const Segment* segment = nullptr;    // inherited mapping, same address as the parent's
-  Layout layout;                       // what the parent planned, to check the header against
-  ModelBinding* binding = nullptr;     // this process's copy (fork): its replica's tensors
-  torch::nn::Module* model = nullptr;  // the replica
+  const Segment* segment = nullptr;  // inherited mapping, same address as the parent's
+  Layout layout;                     // what the parent planned, to check the header against
+  ModelBinding* binding = nullptr;   // this process's copy (fork): its replica's tensors
+  const ModelView* model = nullptr;  // the replica
   const ShardFn* shard = nullptr;
   const Options* options = nullptr;
   const std::vector<FlatTensor>* flat = nullptr;  // the parameters as the reduction sees them

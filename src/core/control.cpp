@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
+#include "core/host_hooks.h"
 #include "core/sync.h"
 
 namespace gradagg::detail {
@@ -22,7 +23,7 @@ constexpr auto kParentCheck = std::chrono::milliseconds(100);
 
 std::chrono::nanoseconds SpinPolicy::budget() const noexcept {
   return average_ns_ <= 2.0 * static_cast<double>(kSpin.count()) ? kSpin
-                                                                   : std::chrono::nanoseconds(0);
+                                                                 : std::chrono::nanoseconds(0);
 }
 
 void SpinPolicy::record(Clock::duration waited) noexcept {
@@ -95,6 +96,7 @@ void ParentChannel::await(const std::atomic<std::uint32_t>& line, std::chrono::m
       return;
     }
     checkAlive(what);
+    checkInterrupt(what);
     const auto now = Clock::now();
     if (now >= deadline) {
       const int k = lateRank();
@@ -119,6 +121,18 @@ void ParentChannel::checkAlive(const Awaited& what) {
                     exit->describe(), phaseName(phase), what.describe(), names_.workers);
     stop(msg);
     throw WorkerDied(msg, k, phase, exit->exit_status, exit->signal);
+  }
+}
+
+void ParentChannel::checkInterrupt(const Awaited& what) {
+  const HostHooks& hooks = hostHooks();
+  if (!hooks.check_interrupt) return;
+  try {
+    hooks.check_interrupt();
+  } catch (...) {
+    stop(fmt::format("it was interrupted during {}; the {} were stopped", what.describe(),
+                     names_.workers));
+    throw;
   }
 }
 

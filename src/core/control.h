@@ -139,6 +139,8 @@ class ParentChannel {
 
  private:
   void checkAlive(const Awaited& what);
+  // HostHooks::check_interrupt; stops the workers before letting its exception through.
+  void checkInterrupt(const Awaited& what);
   int lateRank() const;
 
   std::atomic<std::uint32_t>* command_seq_ = nullptr;

@@ -5,7 +5,6 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <torch/nn/module.h>
 
 #include <gradagg/errors.h>
 
@@ -45,16 +44,16 @@ void checkCommon(const std::string& kind, const std::string& name, const at::Ten
 
 }  // namespace
 
-ModelBinding::ModelBinding(torch::nn::Module& model) {
+ModelBinding::ModelBinding(const ModelView& model) {
   std::unordered_set<const c10::TensorImpl*> seen;
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    const at::Tensor& t = item.value();
+  for (const NamedTensor& item : model.parameters) {
+    const at::Tensor& t = item.tensor;
     if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) continue;
-    checkCommon("parameter", item.key(), t);
+    checkCommon("parameter", item.name, t);
     if (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble)
       throw InvalidArgument(fmt::format("parameter '{}': expected float32 or float64, got {}",
-                                        item.key(), describeTensor(t)));
-    params_.push_back(TensorEntry{item.key(), t, 0, static_cast<std::uint64_t>(t.nbytes()),
+                                        item.name, describeTensor(t)));
+    params_.push_back(TensorEntry{item.name, t, 0, static_cast<std::uint64_t>(t.nbytes()),
                                   t.scalar_type(), t.sizes().vec(), t.requires_grad()});
   }
   // Offsets grouped by dtype, float32 first: each dtype's gradients are one
@@ -66,11 +65,11 @@ ModelBinding::ModelBinding(torch::nn::Module& model) {
       param_bytes_ += slotBytes(e.bytes);
     }
   }
-  for (const auto& item : model.named_buffers(/*recurse=*/true)) {
-    const at::Tensor& t = item.value();
+  for (const NamedTensor& item : model.buffers) {
+    const at::Tensor& t = item.tensor;
     if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) continue;
-    checkCommon("buffer", item.key(), t);
-    TensorEntry e{item.key(),
+    checkCommon("buffer", item.name, t);
+    TensorEntry e{item.name,
                   t,
                   buffer_bytes_,
                   static_cast<std::uint64_t>(t.nbytes()),

@@ -11,12 +11,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <gradagg/model.h>
+
 #include "core/layout.h"
 #include "core/reduce.h"
-
-namespace torch::nn {
-class Module;
-}
 
 namespace gradagg::detail {
 
@@ -43,7 +41,7 @@ class ModelBinding {
   // Lists parameters and buffers (each tensor once, even if registered twice)
   // and checks them: CPU, dense, parameters float32 or float64.
   // Throws InvalidArgument naming the first tensor it cannot serve.
-  explicit ModelBinding(torch::nn::Module& model);
+  explicit ModelBinding(const ModelView& model);
   ~ModelBinding() { release(); }
   ModelBinding(const ModelBinding&) = delete;
   ModelBinding& operator=(const ModelBinding&) = delete;

@@ -14,6 +14,8 @@
 #include <fmt/format.h>
 #include <fmt/os.h>
 
+#include "core/host_hooks.h"
+
 namespace gradagg::detail {
 
 namespace {
@@ -37,6 +39,8 @@ namespace {
 // In the child: never returns into the parent's code, never runs its atexit handlers.
 [[noreturn]] void runChild(pid_t parent, const std::function<int()>& body) noexcept {
   int code = 125;
+  const HostHooks& hooks = hostHooks();
+  if (hooks.after_fork_child) hooks.after_fork_child();
   if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(code);
   std::signal(SIGINT, SIG_IGN);
   try {
@@ -53,6 +57,9 @@ namespace {
   } catch (...) {
     code = 127;  // no thread
   }
+  try {
+    if (hooks.before_child_exit) hooks.before_child_exit();
+  } catch (...) {}
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);
@@ -64,9 +71,13 @@ pid_t forkChild(const std::function<int()>& body) {
   std::cerr.flush();
   std::fflush(nullptr);
   const pid_t parent = ::getpid();
+  const HostHooks& hooks = hostHooks();
+  if (hooks.before_fork) hooks.before_fork();
   const pid_t pid = ::fork();
-  if (pid < 0) throw fmt::system_error(errno, "gradagg: fork");
   if (pid == 0) runChild(parent, body);
+  const int fork_errno = errno;
+  if (hooks.after_fork_parent) hooks.after_fork_parent();
+  if (pid < 0) throw fmt::system_error(fork_errno, "gradagg: fork");
   return pid;
 }
 }  // namespace

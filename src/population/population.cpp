@@ -83,7 +83,7 @@ struct Population::Impl {
           "PopulationFns: make_optimizer, hyperparams, train_step and score "
           "are required");
     binding =
-        std::make_unique<ModelBinding>(m);  // lists tensors; never adopt(): weights stay private
+        std::make_unique<ModelBinding>(viewOf(m));  // lists tensors; never adopt(): weights stay private
     const int n = options.workers;
     for (int r = 0; r < n; ++r) {
       DecisionRng rng = DecisionRng::derive(options.seed, r, -1, kStreamHyperparams);

@@ -1,0 +1,26 @@
+// HostHooks: what a runtime that embeds gradagg must do around its forks and
+// long waits. The Python module sets them (the GIL, os.register_at_fork
+// handlers, buffered sys.stdout, Ctrl-C); a C++ program needs none, and every
+// hook is empty by default.
+#pragma once
+
+#include <functional>
+
+namespace gradagg::detail {
+
+struct HostHooks {
+  std::function<void()> before_fork;        // parent, just before fork()
+  std::function<void()> after_fork_parent;  // parent, just after fork() (also when it failed)
+  std::function<void()> after_fork_child;   // child, first thing
+  std::function<void()> before_child_exit;  // child, before _exit: flush the runtime's buffers
+  // Parent, between the slices of every wait for workers (about every 50 ms).
+  // Throwing interrupts the wait: the workers are stopped, the owner becomes
+  // unusable and the exception propagates (e.g. KeyboardInterrupt).
+  std::function<void()> check_interrupt;
+};
+
+// Set once, before the first Aggregator or Population; not thread-safe.
+void setHostHooks(HostHooks hooks);
+const HostHooks& hostHooks() noexcept;
+
+}  // namespace gradagg::detail
