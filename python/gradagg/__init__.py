@@ -1,0 +1,113 @@
+"""gradagg for PyTorch: train one model with several forked worker processes.
+
+The parent keeps the model and one optimizer. gradagg forks N persistent
+workers once; every step each worker runs your shard function on its copy of
+the model (forward and loss), backward writes its gradient into shared memory,
+the gradients are summed in a fixed order and averaged by sample count, and the
+result lands in your parameters' ``.grad``; then you call ``optimizer.step()``::
+
+    import torch, gradagg
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    def shard(ctx):                      # runs in worker ctx.rank, on its copy of model
+        x, y = xs[ctx.rank::ctx.workers], ys[ctx.rank::ctx.workers]
+        return torch.nn.functional.mse_loss(model(x), y), len(x)
+    with gradagg.Aggregator(model, shard, workers=4) as agg:
+        for _ in range(100):
+            agg.step()                   # model's .grad = full-batch mean gradient
+            opt.step()
+
+Errors are the classes of :mod:`gradagg.errors`, also exported here.
+"""
+
+from gradagg.errors import (Error, InternalError, InvalidArgument, NodeFailed,  # noqa: F401
+                            NonFiniteGradient, NotUsable, StepTimeout, WorkerDied, WorkerError,
+                            WorkerFailed)
+from gradagg._core import (NodeOptions, Options, ShardContext, StepReport,  # noqa: F401
+                           WorkerReport, _Aggregator)
+
+__all__ = [
+    "Aggregator", "Options", "NodeOptions", "ShardContext", "StepReport", "WorkerReport",
+    "Error", "InvalidArgument", "NotUsable", "InternalError", "WorkerError", "WorkerFailed",
+    "NonFiniteGradient", "WorkerDied", "StepTimeout", "NodeFailed",
+]
+
+
+class Aggregator(_Aggregator):
+    """Forks ``workers`` workers that compute the gradient of ``model`` on their shards.
+
+    ``model`` is a ``torch.nn.Module`` on the CPU with float32 or float64
+    parameters (a TorchScript ``ScriptModule`` too). Its parameters and buffers
+    move into shared memory, keeping their identity: an optimizer created before
+    or after sees the same tensors. Do not replace them afterwards (an error at
+    the next step); create a new Aggregator for a new layout.
+
+    ``shard(ctx)`` runs in worker ``ctx.rank`` (of ``ctx.workers``) for step
+    ``ctx.step`` on that worker's copy of ``model`` and of everything else the
+    parent had when it forked. It returns the loss of its shard (a scalar that
+    requires grad; gradagg calls backward) or ``(loss, samples)``, the number of
+    samples that loss averages over (default 1), which weights the mean. An
+    exception it raises reaches the parent as :class:`WorkerFailed` with the
+    rank and the traceback text; the aggregator stays usable.
+
+    Keyword options (``gradagg::Options`` in C++):
+      workers: worker processes (default 2).
+      weighting: "samples" (w_i = n_i / sum n, the full-batch mean) or "equal" (1/N, as DDP).
+      buffers: after a step the parent's buffers become worker 0's ("rank0"), the
+        weighted "mean" of the workers', or stay as they were ("keep").
+      threads_per_worker: intra-op threads per worker; 0: max(1, cores / workers).
+      parent_threads: the parent's intra-op threads while the aggregator lives (1;
+        0 leaves it alone); restored by close().
+      step_timeout: seconds a worker may take for a step (300); then StepTimeout.
+      shutdown_timeout: seconds close() waits for the workers before killing them (2).
+      non_finite: "raise" (NonFiniteGradient) or "skip" (the step's .grad stay None).
+      max_consecutive_skips: with "skip", more skipped steps in a row raise (10).
+      max_restarts: a dead or late worker group is forked anew and the step redone,
+        this many times (0: raise WorkerDied / StepTimeout).
+      seed_workers, seed: each worker seeds torch's generator from (seed, rank, step).
+      check_parameter_list: compare model.parameters() with the list at
+        construction each step (True).
+      nodes: a :class:`NodeOptions` for several machines (default one node).
+
+    Use it as a context manager, or call :meth:`close`: the workers are stopped and
+    reaped, the model gets its own memory back, nothing is left in /dev/shm.
+    """
+
+    def __init__(self, model, shard, *, workers=2, weighting="samples", buffers="rank0",
+                 threads_per_worker=0, parent_threads=1, step_timeout=300.0,
+                 shutdown_timeout=2.0, non_finite="raise", max_consecutive_skips=10,
+                 max_restarts=0, seed_workers=True, seed=0, check_parameter_list=True,
+                 nodes=None):
+        options = Options()
+        options.workers = workers
+        options.weighting = weighting
+        options.buffers = buffers
+        options.threads_per_worker = threads_per_worker
+        options.parent_threads = parent_threads
+        options.step_timeout = step_timeout
+        options.shutdown_timeout = shutdown_timeout
+        options.non_finite = non_finite
+        options.max_consecutive_skips = max_consecutive_skips
+        options.max_restarts = max_restarts
+        options.seed_workers = seed_workers
+        options.seed = seed
+        options.check_parameter_list = check_parameter_list
+        if nodes is not None:
+            options.nodes = nodes
+        for method in ("named_parameters", "named_buffers", "parameters", "train"):
+            if not callable(getattr(model, method, None)):
+                raise InvalidArgument(
+                    f"model: expected a torch.nn.Module, got {type(model).__name__} "
+                    f"(it has no {method}())")
+        super().__init__(model, shard, options)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        state = "usable" if self.usable else "closed"
+        return f"gradagg.Aggregator(workers={self.workers}, steps_done={self.steps_done}, {state})"

@@ -1,0 +1,360 @@
+// gradagg._core: the C++ Aggregator for Python. The pieces that are Python's
+// own: a Python torch.nn.Module as a ModelView, a Python shard function as a
+// ShardFn (its exceptions become the worker's message, traceback included),
+// the GIL released for every wait, and options with Python's types (seconds,
+// strings for the enums). gradagg/__init__.py adds keyword arguments and the
+// context manager on top.
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <fmt/format.h>
+
+#include <gradagg/aggregator.h>
+#include <gradagg/errors.h>
+
+#include "errors.h"
+#include "host.h"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace gradagg::python {
+
+namespace {
+
+// Runs f with the GIL released; a Ctrl-C seen while waiting (host.cpp) is raised
+// as the Python exception its handler set, once the GIL is held again.
+template <class F>
+decltype(auto) withoutGil(F&& f) {
+  try {
+    py::gil_scoped_release nogil;
+    return f();
+  } catch (const Interrupted&) {
+    throw py::error_already_set();
+  }
+}
+
+// A Python object that C++ may copy and drop without holding the GIL.
+class PyRef {
+ public:
+  explicit PyRef(py::object o)
+      : p_(new py::object(std::move(o)), [](py::object* x) {
+          py::gil_scoped_acquire gil;
+          delete x;
+        }) {}
+  const py::object& operator*() const { return *p_; }
+
+ private:
+  std::shared_ptr<py::object> p_;
+};
+
+// A worker's own thread (core/process.cpp) has no Python thread state: give it
+// one for its whole life, so each step's GIL acquisition does not create and
+// destroy one.
+void ensureThreadState() {
+  if (PyGILState_GetThisThreadState() != nullptr) return;
+  PyGILState_Ensure();  // never released: the state lives as long as the thread
+  PyEval_SaveThread();
+}
+
+at::Tensor tensorOf(py::handle obj, const std::string& what) {
+  if (!THPVariable_Check(obj.ptr()))
+    throw InvalidArgument(fmt::format("{}: expected a torch.Tensor, got {}", what,
+                                      std::string(py::str(py::type::of(obj).attr("__name__")))));
+  return THPVariable_Unpack(obj.ptr());
+}
+
+std::vector<NamedTensor> namedTensors(const py::iterable& items, const char* kind) {
+  std::vector<NamedTensor> out;
+  for (py::handle item : items) {
+    const auto pair = item.cast<py::tuple>();
+    if (pair.size() != 2)
+      throw InvalidArgument(fmt::format("{}: expected (name, tensor) pairs", kind));
+    const auto name = pair[0].cast<std::string>();
+    out.push_back({name, tensorOf(pair[1], fmt::format("{} '{}'", kind, name))});
+  }
+  return out;
+}
+
+// model.named_parameters(), model.named_buffers(), model.parameters() each
+// step for the check, model.training and model.train(mode).
+ModelView viewOfPython(const py::object& model) {
+  ModelView view;
+  view.parameters = namedTensors(model.attr("named_parameters")(), "parameter");
+  view.buffers = namedTensors(model.attr("named_buffers")(), "buffer");
+  const PyRef m(model);
+  view.current_parameters = [m] {
+    py::gil_scoped_acquire gil;
+    std::vector<at::Tensor> list;
+    for (py::handle p : (*m).attr("parameters")()) list.push_back(THPVariable_Unpack(p.ptr()));
+    return list;
+  };
+  view.is_training = [m] {
+    py::gil_scoped_acquire gil;
+    return (*m).attr("training").cast<bool>();
+  };
+  view.set_training = [m](bool on) {
+    ensureThreadState();
+    py::gil_scoped_acquire gil;
+    (*m).attr("train")(on);
+  };
+  return view;
+}
+
+// "ValueError: bad shard\nTraceback (most recent call last):\n ..." within the
+// worker's message room: the exception line first, then as much of the end of
+// the traceback as fits.
+std::string describePythonError(py::error_already_set& e) {
+  static constexpr std::size_t kRoom = 1000;
+  std::string head = e.what();
+  std::string trace;
+  try {
+    const py::object format = py::module_::import("traceback").attr("format_exception");
+    for (py::handle line : format(e.type(), e.value(), e.trace())) trace += py::str(line);
+  } catch (const py::error_already_set&) {
+  }
+  const auto first_newline = head.find('\n');
+  if (first_newline != std::string::npos) head.resize(first_newline);
+  std::string text = head + "\n" + trace;
+  if (text.size() > kRoom) text = head + "\n...\n" + trace.substr(trace.size() - (kRoom - head.size() - 5));
+  return text;
+}
+
+ShardResult toShardResult(const py::object& r) {
+  if (THPVariable_Check(r.ptr())) return ShardResult{THPVariable_Unpack(r.ptr()), 1};
+  if (py::isinstance<py::tuple>(r) || py::isinstance<py::list>(r)) {
+    const auto seq = r.cast<py::sequence>();
+    if (seq.size() == 2 && THPVariable_Check(seq[0].ptr()) && py::isinstance<py::int_>(seq[1]))
+      return ShardResult{THPVariable_Unpack(seq[0].ptr()), seq[1].cast<std::int64_t>()};
+  }
+  throw std::invalid_argument(fmt::format(
+      "the shard function returned {}; expected a loss tensor or a (loss tensor, samples int) "
+      "pair",
+      std::string(py::str(py::type::of(r).attr("__name__")))));
+}
+
+ShardFn shardOfPython(py::object fn) {
+  if (!PyCallable_Check(fn.ptr()))
+    throw InvalidArgument("shard: expected a callable taking a ShardContext");
+  const PyRef f(std::move(fn));
+  return [f](const ShardContext& ctx) {
+    ensureThreadState();
+    py::gil_scoped_acquire gil;
+    try {
+      return toShardResult((*f)(ctx));
+    } catch (py::error_already_set& e) {
+      throw std::runtime_error(describePythonError(e));
+    }
+  };
+}
+
+template <class E>
+E enumOf(const std::string& value, const char* field,
+         std::initializer_list<std::pair<const char*, E>> names) {
+  std::string expected;
+  for (const auto& [name, e] : names) {
+    if (value == name) return e;
+    expected += fmt::format("{}'{}'", expected.empty() ? "" : ", ", name);
+  }
+  throw InvalidArgument(fmt::format("{}: expected one of {}, got '{}'", field, expected, value));
+}
+
+template <class E>
+std::string nameOf(E e, std::initializer_list<std::pair<const char*, E>> names) {
+  for (const auto& [name, v] : names)
+    if (v == e) return name;
+  return "?";
+}
+
+const std::initializer_list<std::pair<const char*, Weighting>> kWeightings = {
+    {"samples", Weighting::kBySamples}, {"equal", Weighting::kEqual}};
+const std::initializer_list<std::pair<const char*, BufferSync>> kBufferSyncs = {
+    {"rank0", BufferSync::kFromRank0}, {"mean", BufferSync::kMean},
+    {"keep", BufferSync::kKeepParent}};
+const std::initializer_list<std::pair<const char*, NonFinitePolicy>> kNonFinite = {
+    {"raise", NonFinitePolicy::kRaise}, {"skip", NonFinitePolicy::kSkipStep}};
+
+using Seconds = std::chrono::duration<double>;
+std::chrono::milliseconds millis(double seconds, const char* field) {
+  if (!(seconds > 0) || seconds > 1e9)
+    throw InvalidArgument(fmt::format("{}: expected seconds > 0, got {}", field, seconds));
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Seconds(seconds));
+}
+double seconds(std::chrono::milliseconds ms) { return Seconds(ms).count(); }
+
+// The Python side of one Aggregator: owns it, releases the GIL around it.
+class PyAggregator {
+ public:
+  PyAggregator(const py::object& model, py::object shard, Options options) {
+    ModelView view = viewOfPython(model);
+    ShardFn fn = shardOfPython(std::move(shard));
+    agg_ = withoutGil([&] {
+      return std::make_unique<Aggregator>(std::move(view), std::move(fn), std::move(options));
+    });
+  }
+
+  StepReport step() {
+    return withoutGil([&] { return agg().step(); });  // a copy: the next step reuses the report
+  }
+  void close() {
+    if (agg_) withoutGil([&] { agg_->shutdown(); });
+  }
+  Aggregator& agg() {
+    if (!agg_) throw NotUsable("gradagg: the aggregator is closed");
+    return *agg_;
+  }
+
+ private:
+  std::unique_ptr<Aggregator> agg_;
+};
+
+void bindOptions(py::module_& m) {
+  py::class_<NodeOptions>(m, "NodeOptions",
+                          "Several machines: see gradagg::NodeOptions (docs/multinode.md).")
+      .def(py::init([](int nodes, int node_rank, std::string master_addr, int master_port,
+                       std::string store_path, std::string interface, double timeout,
+                       int checksum_interval) {
+             NodeOptions o;
+             o.nodes = nodes;
+             o.node_rank = node_rank;
+             o.master_addr = std::move(master_addr);
+             o.master_port = master_port;
+             o.store_path = std::move(store_path);
+             o.interface = std::move(interface);
+             o.timeout = millis(timeout, "nodes.timeout");
+             o.checksum_interval = checksum_interval;
+             return o;
+           }),
+           py::kw_only(), "nodes"_a = 1, "node_rank"_a = 0, "master_addr"_a = "127.0.0.1",
+           "master_port"_a = 29500, "store_path"_a = "", "interface"_a = "",
+           "timeout"_a = 60.0, "checksum_interval"_a = 100)
+      .def_static(
+          "from_environment", [] { return NodeOptions::fromEnvironment(); },
+          "The defaults overridden by GRADAGG_NNODES, GRADAGG_NODE_RANK, MASTER_ADDR, "
+          "MASTER_PORT, GRADAGG_STORE_PATH, GRADAGG_SOCKET_IFNAME, GRADAGG_NODE_TIMEOUT_MS, "
+          "GRADAGG_CHECKSUM_INTERVAL.")
+      .def_readwrite("nodes", &NodeOptions::nodes)
+      .def_readwrite("node_rank", &NodeOptions::node_rank)
+      .def_readwrite("master_addr", &NodeOptions::master_addr)
+      .def_readwrite("master_port", &NodeOptions::master_port)
+      .def_readwrite("store_path", &NodeOptions::store_path)
+      .def_readwrite("interface", &NodeOptions::interface)
+      .def_property(
+          "timeout", [](const NodeOptions& o) { return seconds(o.timeout); },
+          [](NodeOptions& o, double s) { o.timeout = millis(s, "nodes.timeout"); })
+      .def_readwrite("checksum_interval", &NodeOptions::checksum_interval)
+      .def("__repr__", [](const NodeOptions& o) {
+        return fmt::format("NodeOptions(nodes={}, node_rank={}, master_addr='{}', master_port={})",
+                           o.nodes, o.node_rank, o.master_addr, o.master_port);
+      });
+
+  py::class_<Options>(m, "Options", "gradagg::Options with Python's types (see Aggregator).")
+      .def(py::init<>())
+      .def_readwrite("workers", &Options::workers)
+      .def_property(
+          "weighting", [](const Options& o) { return nameOf(o.weighting, kWeightings); },
+          [](Options& o, const std::string& v) {
+            o.weighting = enumOf(v, "weighting", kWeightings);
+          })
+      .def_property(
+          "buffers", [](const Options& o) { return nameOf(o.buffers, kBufferSyncs); },
+          [](Options& o, const std::string& v) { o.buffers = enumOf(v, "buffers", kBufferSyncs); })
+      .def_readwrite("threads_per_worker", &Options::threads_per_worker)
+      .def_readwrite("parent_threads", &Options::parent_threads)
+      .def_property(
+          "step_timeout", [](const Options& o) { return seconds(o.step_timeout); },
+          [](Options& o, double s) { o.step_timeout = millis(s, "step_timeout"); })
+      .def_property(
+          "shutdown_timeout", [](const Options& o) { return seconds(o.shutdown_timeout); },
+          [](Options& o, double s) { o.shutdown_timeout = millis(s, "shutdown_timeout"); })
+      .def_property(
+          "non_finite", [](const Options& o) { return nameOf(o.non_finite, kNonFinite); },
+          [](Options& o, const std::string& v) {
+            o.non_finite = enumOf(v, "non_finite", kNonFinite);
+          })
+      .def_readwrite("max_consecutive_skips", &Options::max_consecutive_skips)
+      .def_readwrite("max_restarts", &Options::max_restarts)
+      .def_readwrite("nodes", &Options::nodes)
+      .def_readwrite("seed_workers", &Options::seed_workers)
+      .def_readwrite("seed", &Options::seed)
+      .def_readwrite("check_parameter_list", &Options::check_parameter_list)
+      .def("validate", &Options::validate);
+}
+
+void bindReports(py::module_& m) {
+  py::class_<ShardContext>(m, "ShardContext", "Who a shard function is and which step it computes.")
+      .def_readonly("rank", &ShardContext::rank)
+      .def_readonly("workers", &ShardContext::workers)
+      .def_readonly("step", &ShardContext::step)
+      .def_readonly("global_rank", &ShardContext::global_rank)
+      .def_readonly("global_workers", &ShardContext::global_workers)
+      .def_readonly("node", &ShardContext::node)
+      .def_readonly("nodes", &ShardContext::nodes)
+      .def("__repr__", [](const ShardContext& c) {
+        return fmt::format("ShardContext(rank={}, workers={}, step={})", c.rank, c.workers, c.step);
+      });
+
+  py::class_<WorkerReport>(m, "WorkerReport", "One worker's part of a step (times in ms).")
+      .def_readonly("loss", &WorkerReport::loss)
+      .def_readonly("samples", &WorkerReport::samples)
+      .def_readonly("wake_ms", &WorkerReport::wake_ms)
+      .def_readonly("load_ms", &WorkerReport::load_ms)
+      .def_readonly("shard_ms", &WorkerReport::shard_ms)
+      .def_readonly("backward_ms", &WorkerReport::backward_ms)
+      .def_readonly("write_ms", &WorkerReport::write_ms)
+      .def_readonly("barrier_ms", &WorkerReport::barrier_ms)
+      .def_readonly("reduce_ms", &WorkerReport::reduce_ms);
+
+  py::class_<StepReport>(m, "StepReport", "What one step did (times in ms).")
+      .def_readonly("step", &StepReport::step)
+      .def_readonly("loss", &StepReport::loss)
+      .def_readonly("samples", &StepReport::samples)
+      .def_readonly("publish_ms", &StepReport::publish_ms)
+      .def_readonly("compute_ms", &StepReport::compute_ms)
+      .def_readonly("reduce_ms", &StepReport::reduce_ms)
+      .def_readonly("node_ms", &StepReport::node_ms)
+      .def_readonly("apply_ms", &StepReport::apply_ms)
+      .def_readonly("total_ms", &StepReport::total_ms)
+      .def_readonly("skipped", &StepReport::skipped)
+      .def_readonly("consecutive_skips", &StepReport::consecutive_skips)
+      .def_readonly("skipped_total", &StepReport::skipped_total)
+      .def_readonly("restarts", &StepReport::restarts)
+      .def_readonly("workers", &StepReport::workers)
+      .def("__repr__", [](const StepReport& r) {
+        return fmt::format("StepReport(step={}, loss={:.6g}, samples={}, total_ms={:.3f}{})",
+                           r.step, r.loss, r.samples, r.total_ms, r.skipped ? ", skipped" : "");
+      });
+}
+
+void bindAggregator(py::module_& m) {
+  py::class_<PyAggregator>(m, "_Aggregator")
+      .def(py::init<const py::object&, py::object, Options>(), "model"_a, "shard"_a, "options"_a)
+      .def("step", &PyAggregator::step,
+           "Every worker runs the shard function; each parameter's .grad becomes the weighted "
+           "mean gradient. Call optimizer.step() after it. On an error nothing changes.")
+      .def("close", &PyAggregator::close, "Stops and reaps the workers (idempotent).")
+      .def_property_readonly("usable",
+                             [](PyAggregator& a) { return a.agg().usable(); })
+      .def_property_readonly("workers", [](PyAggregator& a) { return a.agg().workers(); })
+      .def_property_readonly("steps_done", [](PyAggregator& a) { return a.agg().stepsDone(); })
+      .def_property_readonly("threads_per_worker",
+                             [](PyAggregator& a) { return a.agg().threadsPerWorker(); })
+      .def_property_readonly("worker_pids", [](PyAggregator& a) { return a.agg().workerPids(); })
+      .def_property_readonly("options", [](PyAggregator& a) { return a.agg().options(); });
+}
+
+}  // namespace
+
+}  // namespace gradagg::python
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "gradagg's C++ core (use the gradagg package, not this module)";
+  py::module_::import("torch");  // the tensor type THPVariable_Check tests against
+  gradagg::python::installHostHooks();
+  gradagg::python::registerErrors();
+  gradagg::python::bindOptions(m);
+  gradagg::python::bindReports(m);
+  gradagg::python::bindAggregator(m);
+}
