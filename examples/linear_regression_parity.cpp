@@ -2,7 +2,9 @@
 // once by gradagg workers (each owning part of the batch) and once in this
 // process on the full batch. The two must agree.
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -98,6 +100,15 @@ int main(int argc, char** argv) {
   fmt::print("  true value          : 7\n");
   fmt::print("  theta {:.9f} bias {:.9f}; gradagg steps took {:.1f} ms in all\n",
              model->theta.item<double>(), model->bias.item<double>(), aggregate_ms);
+  // The exact result, for comparing with other front ends (python/examples).
+  const auto bits = [](const torch::Tensor& t) {
+    const float v = t.item<float>();
+    std::uint32_t u = 0;
+    std::memcpy(&u, &v, sizeof u);
+    return u;
+  };
+  fmt::print("  float32 bits        : theta {:#010x} bias {:#010x}\n", bits(model->theta),
+             bits(model->bias));
   if (!(rel <= 1e-6)) {
     fmt::print(stderr, "FAIL: the two trainings differ by more than 1e-6 relative\n");
     return 1;

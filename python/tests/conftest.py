@@ -1,0 +1,31 @@
+"""Shared fixtures: every test must leave no child process and nothing in /dev/shm."""
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers():
+    shm_before = set(os.listdir("/dev/shm"))
+    yield
+    me = psutil.Process()
+    deadline = time.monotonic() + 5
+    while me.children(recursive=True) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [(c.pid, c.name()) for c in me.children(recursive=True) if c.is_running()]
+    assert not left, f"child processes left behind: {left}"
+    new = set(os.listdir("/dev/shm")) - shm_before
+    assert not new, f"left in /dev/shm: {sorted(new)}"
+
+
+def run_script(source, timeout=60, **kwargs):
+    """Runs `source` in a fresh interpreter with gradagg importable; returns CompletedProcess."""
+    env = dict(os.environ)
+    return subprocess.run([sys.executable, "-c", source], capture_output=True, text=True,
+                          timeout=timeout, env=env, **kwargs)

@@ -1,0 +1,171 @@
+"""Every error is a Python exception class naming the worker, the phase, the parameter."""
+import math
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+import gradagg
+from models import bounds, data, mlp, shard_fn
+
+
+def test_exception_in_a_worker_carries_rank_and_traceback():
+    model = mlp()
+    x, y = data(24)
+    good = shard_fn(model, x, y, bounds(24, 2, False))
+
+    failed = []  # each worker's own copy
+
+    def broken_shard(ctx):
+        if ctx.rank == 1 and ctx.step == 1 and not failed:
+            failed.append(ctx.step)
+            raise ValueError(f"no data for rank {ctx.rank}")
+        return good(ctx)
+
+    with gradagg.Aggregator(model, broken_shard, workers=2) as agg:
+        agg.step()
+        with pytest.raises(gradagg.WorkerFailed) as info:
+            agg.step()
+        e = info.value
+        assert e.rank == 1
+        assert e.phase == "shard function"
+        assert "ValueError: no data for rank 1" in str(e)
+        assert e.traceback is not None and "broken_shard" in e.traceback
+        assert "Traceback (most recent call last)" in e.worker_message
+        assert isinstance(e, gradagg.WorkerError) and isinstance(e, gradagg.Error)
+        # The workers live on: step 1 is redone and works this time.
+        assert agg.usable
+        assert agg.step().step == 1
+
+
+def test_a_long_traceback_keeps_its_end():
+    model = mlp()
+
+    def deep(n):
+        if n == 0:
+            raise RuntimeError("bottom of the stack")
+        return deep(n - 1)
+
+    with gradagg.Aggregator(model, lambda ctx: deep(60), workers=1) as agg:
+        with pytest.raises(gradagg.WorkerFailed) as info:
+            agg.step()
+    assert info.value.worker_message.startswith("RuntimeError: bottom of the stack")
+    assert info.value.worker_message.rstrip().endswith("RuntimeError: bottom of the stack")
+
+
+@pytest.mark.parametrize("result,expected", [
+    (lambda: 3.0, "float"),
+    (lambda: (torch.ones(1, requires_grad=True).sum(), "x"), "tuple"),
+])
+def test_a_bad_shard_result_names_what_it_got(result, expected):
+    model = mlp()
+    with gradagg.Aggregator(model, lambda ctx: result(), workers=1) as agg:
+        with pytest.raises(gradagg.WorkerFailed, match=f"returned {expected}"):
+            agg.step()
+
+
+def test_non_finite_gradient_names_the_parameter():
+    model = mlp()
+    x, y = data(24)
+
+    def shard(ctx):
+        out = model(x)
+        loss = torch.nn.functional.mse_loss(out, y)
+        if ctx.rank == 1:
+            loss = loss + model[2].bias.sum() * math.inf * 0 + (model[2].weight * math.nan).sum()
+        return loss, 12
+
+    with gradagg.Aggregator(model, shard, workers=2) as agg:
+        with pytest.raises(gradagg.NonFiniteGradient) as info:
+            agg.step()
+        assert info.value.rank == 1
+        assert info.value.parameter in ("2.weight", "2.bias", "")
+    with gradagg.Aggregator(model, shard, workers=2, non_finite="skip") as agg:
+        report = agg.step()
+        assert report.skipped and all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"workers": 0}, "workers"),
+    ({"weighting": "median"}, "weighting"),
+    ({"buffers": "all"}, "buffers"),
+    ({"non_finite": "ignore"}, "non_finite"),
+    ({"step_timeout": -1}, "step_timeout"),
+])
+def test_bad_options_are_value_errors_naming_the_field(kwargs, field):
+    model = mlp()
+    with pytest.raises(gradagg.InvalidArgument, match=field) as info:
+        gradagg.Aggregator(model, lambda ctx: None, **kwargs)
+    assert isinstance(info.value, ValueError)
+
+
+def test_bad_models():
+    with pytest.raises(gradagg.InvalidArgument, match="expected a torch.nn.Module"):
+        gradagg.Aggregator(object(), lambda ctx: None)
+    with pytest.raises(gradagg.InvalidArgument, match="float32 or float64"):
+        gradagg.Aggregator(mlp().to(torch.float16), lambda ctx: None)
+    with pytest.raises(gradagg.InvalidArgument, match="shard"):
+        gradagg.Aggregator(mlp(), "not callable")
+
+
+def test_replaced_parameter_is_an_error():
+    model = mlp()
+    x, y = data(24)
+    with gradagg.Aggregator(model, shard_fn(model, x, y, bounds(24, 2, False)), workers=2) as agg:
+        agg.step()
+        model[0].weight = torch.nn.Parameter(torch.zeros(8, 5))
+        with pytest.raises(gradagg.InvalidArgument, match="parameter list changed"):
+            agg.step()
+
+
+def test_parameter_data_of_another_shape_is_an_error():
+    model = mlp()
+    x, y = data(24)
+    with gradagg.Aggregator(model, shard_fn(model, x, y, bounds(24, 2, False)), workers=2) as agg:
+        model[0].bias.data = torch.zeros(3)
+        with pytest.raises(gradagg.InvalidArgument, match="0.bias"):
+            agg.step()
+
+
+def test_killed_worker_is_worker_died():
+    model = mlp()
+    x, y = data(24)
+    with gradagg.Aggregator(model, shard_fn(model, x, y, bounds(24, 2, False)), workers=2) as agg:
+        agg.step()
+        os.kill(agg.worker_pids[1], signal.SIGKILL)
+        with pytest.raises(gradagg.WorkerDied) as info:
+            agg.step()
+        assert info.value.rank == 1 and info.value.signal == signal.SIGKILL
+        assert not agg.usable
+        with pytest.raises(gradagg.NotUsable):
+            agg.step()
+
+
+def test_slow_worker_is_step_timeout():
+    model = mlp()
+    x, y = data(24)
+    good = shard_fn(model, x, y, bounds(24, 2, False))
+
+    def slow(ctx):
+        if ctx.rank == 0:
+            time.sleep(5)
+        return good(ctx)
+
+    with gradagg.Aggregator(model, slow, workers=2, step_timeout=0.5) as agg:
+        begin = time.monotonic()
+        with pytest.raises(gradagg.StepTimeout) as info:
+            agg.step()
+        assert time.monotonic() - begin < 3
+        assert info.value.rank == 0 and info.value.phase == "shard function"
+
+
+def test_closed_aggregator_is_not_usable():
+    model = mlp()
+    x, y = data(24)
+    agg = gradagg.Aggregator(model, shard_fn(model, x, y, bounds(24, 2, False)), workers=2)
+    agg.close()
+    agg.close()
+    with pytest.raises(gradagg.NotUsable):
+        agg.step()

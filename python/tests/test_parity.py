@@ -1,0 +1,123 @@
+"""gradagg in Python against single-process autograd and against the C++ core."""
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import gradagg
+from models import bounds, data, full_batch_grads, mlp, shard_fn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("GRADAGG_BUILD_DIR", os.path.join(ROOT, "build"))
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("unequal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gradient_is_the_full_batch_gradient(workers, unequal, dtype):
+    model = mlp(dtype)
+    x, y = data(24, dtype)
+    want = full_batch_grads(model, x, y)
+    with gradagg.Aggregator(model, shard_fn(model, x, y, bounds(24, workers, unequal)),
+                            workers=workers) as agg:
+        report = agg.step()
+    assert report.samples == 24
+    tol = 1e-6 if dtype == torch.float32 else 1e-12
+    for p, g in zip(model.parameters(), want):
+        torch.testing.assert_close(p.grad, g, rtol=tol, atol=tol)
+
+
+def test_equal_weighting_is_the_mean_of_shard_gradients():
+    model = mlp()
+    x, y = data(24)
+    b = bounds(24, 3, unequal=True)
+    ref = copy.deepcopy(model)
+    loss = sum(torch.nn.functional.mse_loss(ref(x[b[r]:b[r + 1]]), y[b[r]:b[r + 1]])
+               for r in range(3)) / 3
+    loss.backward()
+    with gradagg.Aggregator(model, shard_fn(model, x, y, b), workers=3,
+                            weighting="equal") as agg:
+        agg.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_training_matches_one_process_step_for_step(optimizer):
+    model = mlp()
+    single = copy.deepcopy(model)
+    x, y = data(30)
+
+    def make(m):
+        if optimizer == "sgd":
+            return torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        return torch.optim.Adam(m.parameters(), lr=0.01)
+
+    opt, single_opt = make(model), make(single)
+    with gradagg.Aggregator(model, shard_fn(model, x, y, bounds(30, 3, True)), workers=3) as agg:
+        for step in range(6):
+            single_opt.zero_grad()
+            torch.nn.functional.mse_loss(single(x), y).backward()
+            single_opt.step()
+            opt.zero_grad()
+            report = agg.step()
+            opt.step()
+            assert report.step == step
+            for p, q in zip(model.parameters(), single.parameters()):
+                torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    # After close the model owns its memory again and still trains on its own.
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+
+
+def test_eval_mode_and_buffers_follow_the_parent():
+    model = mlp(batchnorm=True)
+    x, y = data(24)
+    model.eval()
+    want = full_batch_grads(model, x, y)  # eval: running statistics, no update
+    running_mean = model[1].running_mean.clone()
+    with gradagg.Aggregator(model, shard_fn(model, x, y, bounds(24, 2, False)), workers=2) as agg:
+        agg.step()
+        for p, g in zip(model.parameters(), want):
+            torch.testing.assert_close(p.grad, g, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(model[1].running_mean, running_mean)
+        model.train()
+        agg.step()  # training: worker 0's batch statistics update the running mean
+        ref = copy.deepcopy(model)
+        assert not torch.equal(model[1].running_mean, running_mean)
+    # Worker 0 saw rows 0..11 once: the same update as one process on those rows.
+    single = mlp(batchnorm=True)
+    single.train()
+    single(x[0:12])
+    torch.testing.assert_close(ref[1].running_mean, single[1].running_mean)
+
+
+def test_python_and_cpp_give_the_same_bits():
+    """The parity demo in both front ends: the same float32 parameters, bit for bit."""
+    cpp = os.path.join(BUILD, "examples", "linear_regression_parity")
+    if not os.path.exists(cpp):
+        pytest.skip(f"{cpp} is not built")
+    script = os.path.join(ROOT, "python", "examples", "linear_regression_parity.py")
+    outputs = []
+    for cmd in ([cpp, "--workers", "4"], [sys.executable, script, "--workers", "4"]):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        bits = [line for line in r.stdout.splitlines() if "float32 bits" in line]
+        assert len(bits) == 1, r.stdout
+        outputs.append(bits[0])
+    assert outputs[0] == outputs[1]
+
+
+def test_torchscript_module():
+    eager = mlp()
+    model = torch.jit.script(copy.deepcopy(eager))
+    x, y = data(24)
+    want = full_batch_grads(eager, x, y)
+    with gradagg.Aggregator(model, shard_fn(model, x, y, bounds(24, 2, False)), workers=2) as agg:
+        agg.step()
+    for p, g in zip(model.parameters(), want):
+        torch.testing.assert_close(p.grad, g, rtol=1e-6, atol=1e-6)
