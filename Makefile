@@ -54,7 +54,7 @@ bench: build
 # The suite again under AddressSanitizer + UndefinedBehaviorSanitizer, in build-asan/.
 test-asan: deps
 	$(MAKE) BUILD=build-asan BUILD_TYPE=RelWithDebInfo \
-	  CMAKE_FLAGS="-DGRADAGG_SANITIZE=address -DGRADAGG_BUILD_BENCH=OFF" test
+	  CMAKE_FLAGS="-DGRADAGG_SANITIZE=address -DGRADAGG_BUILD_BENCH=OFF -DGRADAGG_BUILD_PYTHON=OFF" test
 
 # Fashion-MNIST (examples/fashion_mnist.cpp): 5 epochs with 2 workers and the same
 # model in one process (about a minute on 2 cores), then examples/fashion_mnist.png.
