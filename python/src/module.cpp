@@ -36,19 +36,22 @@ decltype(auto) withoutGil(F&& f) {
   }
 }
 
-// A Python object that C++ may copy and drop without holding the GIL.
-class PyRef {
+// Python objects that C++ may copy and drop without holding the GIL.
+template <class T>
+class GilHeld {
  public:
-  explicit PyRef(py::object o)
-      : p_(new py::object(std::move(o)), [](py::object* x) {
+  explicit GilHeld(T value)
+      : p_(new T(std::move(value)), [](T* x) {
           py::gil_scoped_acquire gil;
           delete x;
         }) {}
-  const py::object& operator*() const { return *p_; }
+  const T& operator*() const { return *p_; }
+  const T* operator->() const { return p_.get(); }
 
  private:
-  std::shared_ptr<py::object> p_;
+  std::shared_ptr<T> p_;
 };
+using PyRef = GilHeld<py::object>;
 
 // A worker's own thread (core/process.cpp) has no Python thread state: give it
 // one for its whole life, so each step's GIL acquisition does not create and
@@ -78,18 +81,78 @@ std::vector<NamedTensor> namedTensors(const py::iterable& items, const char* kin
   return out;
 }
 
-// model.named_parameters(), model.named_buffers(), model.parameters() each
+// The model's parameter list, read each step for Options::check_parameter_list
+// without Python's generators: the values of each module's `_parameters` dict,
+// the modules as they were at construction. When a module's children changed
+// (a submodule replaced or added) or a module is not a plain nn.Module
+// (TorchScript), model.parameters() itself, which then differs from the list
+// at construction where it matters.
+class ParameterList {
+ public:
+  explicit ParameterList(const py::object& model) : model_(model) {
+    for (py::handle m : model.attr("modules")()) {
+      Module entry{py::reinterpret_borrow<py::object>(m), {}};
+      const py::object children = entry.module.attr("_modules");
+      if (!PyDict_Check(children.ptr()) ||
+          !PyDict_Check(entry.module.attr("_parameters").ptr())) {
+        modules_.clear();  // not nn.Module's layout: ask the model each time
+        return;
+      }
+      for (py::handle child : children.cast<py::dict>().attr("values")())
+        entry.children.push_back(child.ptr());
+      modules_.push_back(std::move(entry));
+    }
+  }
+
+  std::vector<at::Tensor> now() const {
+    std::vector<at::Tensor> list;
+    if (!modules_.empty() && fromModules(list)) return list;
+    list.clear();
+    for (py::handle p : model_.attr("parameters")()) list.push_back(THPVariable_Unpack(p.ptr()));
+    return list;
+  }
+
+ private:
+  struct Module {
+    py::object module;
+    std::vector<PyObject*> children;  // compared by identity only, never dereferenced
+  };
+
+  bool fromModules(std::vector<at::Tensor>& list) const {
+    for (const Module& m : modules_) {
+      const py::object children = m.module.attr("_modules");
+      const py::object params = m.module.attr("_parameters");
+      if (!PyDict_Check(children.ptr()) || !PyDict_Check(params.ptr())) return false;
+      if (static_cast<std::size_t>(PyDict_Size(children.ptr())) != m.children.size()) return false;
+      Py_ssize_t pos = 0, k = 0;
+      PyObject *key, *value;
+      while (PyDict_Next(children.ptr(), &pos, &key, &value))
+        if (value != m.children[k++]) return false;
+      pos = 0;
+      while (PyDict_Next(params.ptr(), &pos, &key, &value)) {
+        if (value == Py_None) continue;
+        if (!THPVariable_Check(value)) return false;
+        list.push_back(THPVariable_Unpack(value));
+      }
+    }
+    return true;
+  }
+
+  py::object model_;
+  std::vector<Module> modules_;
+};
+
+// model.named_parameters(), model.named_buffers(), the parameter list each
 // step for the check, model.training and model.train(mode).
 ModelView viewOfPython(const py::object& model) {
   ModelView view;
   view.parameters = namedTensors(model.attr("named_parameters")(), "parameter");
   view.buffers = namedTensors(model.attr("named_buffers")(), "buffer");
   const PyRef m(model);
-  view.current_parameters = [m] {
+  const GilHeld<ParameterList> parameters{ParameterList(model)};
+  view.current_parameters = [parameters] {
     py::gil_scoped_acquire gil;
-    std::vector<at::Tensor> list;
-    for (py::handle p : (*m).attr("parameters")()) list.push_back(THPVariable_Unpack(p.ptr()));
-    return list;
+    return parameters->now();
   };
   view.is_training = [m] {
     py::gil_scoped_acquire gil;

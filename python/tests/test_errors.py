@@ -110,12 +110,18 @@ def test_bad_models():
         gradagg.Aggregator(mlp(), "not callable")
 
 
-def test_replaced_parameter_is_an_error():
+@pytest.mark.parametrize("change", [
+    lambda m: setattr(m[0], "weight", torch.nn.Parameter(torch.zeros(8, 5))),
+    lambda m: m.__setitem__(2, torch.nn.Linear(8, 3)),
+    lambda m: m[2].register_parameter("extra", torch.nn.Parameter(torch.zeros(1))),
+    lambda m: m.append(torch.nn.Linear(3, 3)),
+], ids=["parameter", "submodule", "new-parameter", "new-submodule"])
+def test_replaced_parameter_is_an_error(change):
     model = mlp()
     x, y = data(24)
     with gradagg.Aggregator(model, shard_fn(model, x, y, bounds(24, 2, False)), workers=2) as agg:
         agg.step()
-        model[0].weight = torch.nn.Parameter(torch.zeros(8, 5))
+        change(model)
         with pytest.raises(gradagg.InvalidArgument, match="parameter list changed"):
             agg.step()
 

@@ -115,7 +115,8 @@ def test_stdout_and_atexit_in_workers():
         print("printed before the fork")           # still in the buffer: stdout is a pipe
         model = torch.nn.Linear(2, 1)
         def shard(ctx):
-            print(f"worker {ctx.rank} step {ctx.step}")
+            # One write per line: atomic on a pipe, so two workers' lines do not mix.
+            sys.stdout.write(f"worker {ctx.rank} step {ctx.step}\\n")
             return model(torch.ones(3, 2)).sum(), 3
         with gradagg.Aggregator(model, shard, workers=2) as agg:
             for _ in range(3):

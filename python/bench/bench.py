@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""One process vs gradagg vs PyTorch DDP (Gloo) on the same MLPs, side by side in one run.
+
+For each model: the same MLP (ReLU, cross-entropy, SGD), the same global batch,
+measured as ms per optimizer step (forward, backward, gradient exchange, step):
+  single   one process on the whole batch, intra-op threads = cores
+  gradagg  gradagg.Aggregator, --workers workers, one thread each (the default)
+  ddp      torch.nn.parallel.DistributedDataParallel, Gloo, --workers processes
+           (one thread each), each on its share of the batch
+  cpp      the C++ core on the same model (build/bench/gradagg-bench, shm mode):
+           the gradagg row minus this one is what the Python layer costs per step
+Prints a markdown table; --json writes one JSON object per row (JSON Lines).
+
+    PYTHONPATH=build/python python3 python/bench/bench.py --json build/python-bench.jsonl
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+import gradagg
+
+# name: (layers, global batch, measured steps)
+MODELS = {
+    "807": ([784, 1, 1, 10], 16, 2000),
+    "55k": ([784, 64, 64, 10], 64, 400),
+    "670k": ([784, 512, 512, 10], 256, 40),
+}
+LR = 0.01
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def mlp(layers):
+    torch.manual_seed(1)
+    mods = []
+    for i in range(len(layers) - 1):
+        mods.append(torch.nn.Linear(layers[i], layers[i + 1]))
+        if i + 2 < len(layers):
+            mods.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*mods)
+
+
+def batch(layers, size):
+    g = torch.Generator().manual_seed(2)
+    return (torch.randn(size, layers[0], generator=g),
+            torch.randint(0, layers[-1], (size,), generator=g))
+
+
+def timed(step, steps, warmup):
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def summary(times):
+    ms = sorted(t * 1e3 for t in times)
+    return {"ms_per_step": statistics.fmean(ms), "median_ms": ms[len(ms) // 2],
+            "p90_ms": ms[int(len(ms) * 0.9)]}
+
+
+def run_single(layers, size, steps, warmup):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count())
+    try:
+        model = mlp(layers)
+        x, y = batch(layers, size)
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+
+        def step():
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return summary(timed(step, steps, warmup)) | {"procs": 1, "threads": os.cpu_count()}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run_gradagg(layers, size, steps, warmup, workers):
+    model = mlp(layers)
+    x, y = batch(layers, size)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+
+    def shard(ctx):
+        lo, hi = size * ctx.rank // ctx.workers, size * (ctx.rank + 1) // ctx.workers
+        return torch.nn.functional.cross_entropy(model(x[lo:hi]), y[lo:hi]), hi - lo
+
+    with gradagg.Aggregator(model, shard, workers=workers) as agg:
+        def step():
+            agg.step()
+            opt.step()
+        times = timed(step, steps, warmup)
+        threads = agg.threads_per_worker
+    return summary(times) | {"procs": workers, "threads": threads}
+
+
+def ddp_worker(args):
+    """One DDP process (--ddp-worker): prints its per-step times as JSON."""
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    layers = [int(v) for v in args.layers.split("-")]
+    dist.init_process_group("gloo", init_method=f"file://{args.init_file}", rank=args.rank,
+                            world_size=args.world)
+    model = torch.nn.parallel.DistributedDataParallel(mlp(layers))
+    x, y = batch(layers, args.batch)
+    lo = args.batch * args.rank // args.world
+    hi = args.batch * (args.rank + 1) // args.world
+    x, y = x[lo:hi], y[lo:hi]
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    for _ in range(args.warmup):
+        step()
+    dist.barrier()
+    times = timed(step, args.steps, 0)
+    dist.destroy_process_group()
+    if args.rank == 0:
+        print(json.dumps(times))
+
+
+def run_ddp(layers, size, steps, warmup, workers):
+    with tempfile.TemporaryDirectory() as tmp:
+        init = os.path.join(tmp, "init")
+        cmd = [sys.executable, os.path.abspath(__file__), "--ddp-worker",
+               "--layers", "-".join(map(str, layers)), "--batch", str(size),
+               "--steps", str(steps), "--warmup", str(warmup), "--world", str(workers),
+               "--init-file", init]
+        procs = [subprocess.Popen(cmd + ["--rank", str(r)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for r in range(workers)]
+        outs = [p.communicate(timeout=1800) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        if p.returncode != 0:
+            raise RuntimeError(f"DDP process failed: {err[-2000:]}")
+    return summary(json.loads(outs[0][0])) | {"procs": workers, "threads": 1}
+
+
+def run_cpp(name, layers, size, steps, warmup, workers, build):
+    exe = os.path.join(build, "bench", "gradagg-bench")
+    if not os.path.exists(exe):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "cpp.jsonl")
+        subprocess.run([exe, "-m", "-".join(map(str, layers)), "-b", str(size), "--modes", "shm",
+                        "-w", str(workers), "-s", str(steps), "--warmup", str(warmup),
+                        "--json", out], check=True, capture_output=True, timeout=1800)
+        with open(out) as f:
+            row = json.loads(f.readline())
+    return {"ms_per_step": row["ms_per_step"], "p90_ms": row["p90_ms"], "median_ms": None,
+            "procs": workers, "threads": row["threads"]}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-m", "--models", default="807,55k,670k",
+                        help=f"comma list of {', '.join(MODELS)}")
+    parser.add_argument("-w", "--workers", type=int, default=2)
+    parser.add_argument("--modes", default="single,gradagg,ddp,cpp")
+    parser.add_argument("--steps-scale", type=float, default=1.0,
+                        help="multiply every model's step count (e.g. 0.05 for a smoke run)")
+    parser.add_argument("--json", help="write one JSON object per row here (JSON Lines)")
+    parser.add_argument("--build", default=os.path.join(ROOT, "build"),
+                        help="build folder with bench/gradagg-bench, for the cpp rows")
+    # Internal: one DDP process.
+    parser.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
+    for flag, kind in (("--layers", str), ("--batch", int), ("--steps", int), ("--warmup", int),
+                       ("--world", int), ("--rank", int), ("--init-file", str)):
+        parser.add_argument(flag, type=kind, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.ddp_worker:
+        return ddp_worker(args)
+
+    modes = args.modes.split(",")
+    rows = []
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), platform.processor())
+    print(f"machine: {os.cpu_count()} cores, {cpu}; torch {torch.__version__}; "
+          f"{args.workers} workers")
+    print("| model | params | batch | mode | procs x threads | ms/step | median ms | p90 ms "
+          "| samples/s | speedup vs single |")
+    print("|---|---:|---:|---|---|---:|---:|---:|---:|---:|")
+    for name in args.models.split(","):
+        layers, size, steps = MODELS[name]
+        steps = max(3, int(steps * args.steps_scale))
+        warmup = max(1, steps // 10)
+        params = sum(p.numel() for p in mlp(layers).parameters())
+        single_ms = None
+        for mode in modes:
+            if mode == "single":
+                r = run_single(layers, size, steps, warmup)
+            elif mode == "gradagg":
+                r = run_gradagg(layers, size, steps, warmup, args.workers)
+            elif mode == "ddp":
+                r = run_ddp(layers, size, steps, warmup, args.workers)
+            elif mode == "cpp":
+                r = run_cpp(name, layers, size, steps, warmup, args.workers, args.build)
+                if r is None:
+                    continue
+            else:
+                parser.error(f"unknown mode {mode}")
+            if mode == "single":
+                single_ms = r["ms_per_step"]
+            speedup = single_ms / r["ms_per_step"] if single_ms else None
+            row = {"model": "-".join(map(str, layers)), "params": params, "batch": size,
+                   "mode": mode, "steps": steps, **r,
+                   "samples_per_s": size / r["ms_per_step"] * 1e3,
+                   "speedup_vs_single": speedup, "cores": os.cpu_count(), "cpu": cpu,
+                   "torch": torch.__version__}
+            rows.append(row)
+            med = f"{r['median_ms']:.3f}" if r.get("median_ms") is not None else ""
+            sp = f"{speedup:.2f}x" if speedup else ""
+            print(f"| {row['model']} | {params} | {size} | {mode} | {r['procs']} x {r['threads']} "
+                  f"| {r['ms_per_step']:.3f} | {med} | {r['p90_ms']:.3f} "
+                  f"| {row['samples_per_s']:.0f} | {sp} |", flush=True)
+        by_mode = {r["mode"]: r for r in rows if r["model"] == "-".join(map(str, layers))}
+        if "gradagg" in by_mode and "cpp" in by_mode:
+            extra = (by_mode["gradagg"]["ms_per_step"] - by_mode["cpp"]["ms_per_step"]) * 1e3
+            print(f"|   | | | python layer over the C++ core: {extra:+.0f} us/step | | | | | | |")
+    if args.json:
+        with open(args.json, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
