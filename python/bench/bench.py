@@ -71,9 +71,10 @@ def summary(times):
             "p90_ms": ms[int(len(ms) * 0.9)]}
 
 
-def run_single(layers, size, steps, warmup):
+def run_single(layers, size, steps, warmup, threads_wanted=None):
     threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count())
+    threads_wanted = threads_wanted or os.cpu_count()
+    torch.set_num_threads(threads_wanted)
     try:
         model = mlp(layers)
         x, y = batch(layers, size)
@@ -83,7 +84,7 @@ def run_single(layers, size, steps, warmup):
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
-        return summary(timed(step, steps, warmup)) | {"procs": 1, "threads": os.cpu_count()}
+        return summary(timed(step, steps, warmup)) | {"procs": 1, "threads": threads_wanted}
     finally:
         torch.set_num_threads(threads)
 
@@ -97,13 +98,18 @@ def run_gradagg(layers, size, steps, warmup, workers):
         lo, hi = size * ctx.rank // ctx.workers, size * (ctx.rank + 1) // ctx.workers
         return torch.nn.functional.cross_entropy(model(x[lo:hi]), y[lo:hi]), hi - lo
 
+    binding = []  # the call from Python minus the C++ step it wraps
+
     with gradagg.Aggregator(model, shard, workers=workers) as agg:
         def step():
-            agg.step()
+            t = time.perf_counter()
+            report = agg.step()
+            binding.append((time.perf_counter() - t) * 1e3 - report.total_ms)
             opt.step()
         times = timed(step, steps, warmup)
         threads = agg.threads_per_worker
-    return summary(times) | {"procs": workers, "threads": threads}
+    return summary(times) | {"procs": workers, "threads": threads,
+                             "step_call_overhead_us": statistics.median(binding) * 1e3}
 
 
 def ddp_worker(args):
@@ -149,15 +155,16 @@ def run_ddp(layers, size, steps, warmup, workers):
     return summary(json.loads(outs[0][0])) | {"procs": workers, "threads": 1}
 
 
-def run_cpp(name, layers, size, steps, warmup, workers, build):
+def run_cpp(layers, size, steps, warmup, workers, build, mode="shm", threads=None):
     exe = os.path.join(build, "bench", "gradagg-bench")
     if not os.path.exists(exe):
         return None
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "cpp.jsonl")
-        subprocess.run([exe, "-m", "-".join(map(str, layers)), "-b", str(size), "--modes", "shm",
+        extra = ["-t", str(threads)] if threads else []
+        subprocess.run([exe, "-m", "-".join(map(str, layers)), "-b", str(size), "--modes", mode,
                         "-w", str(workers), "-s", str(steps), "--warmup", str(warmup),
-                        "--json", out], check=True, capture_output=True, timeout=1800)
+                        "--json", out] + extra, check=True, capture_output=True, timeout=1800)
         with open(out) as f:
             row = json.loads(f.readline())
     return {"ms_per_step": row["ms_per_step"], "p90_ms": row["p90_ms"], "median_ms": None,
@@ -207,7 +214,7 @@ def main():
             elif mode == "ddp":
                 r = run_ddp(layers, size, steps, warmup, args.workers)
             elif mode == "cpp":
-                r = run_cpp(name, layers, size, steps, warmup, args.workers, args.build)
+                r = run_cpp(layers, size, steps, warmup, args.workers, args.build)
                 if r is None:
                     continue
             else:
@@ -228,8 +235,24 @@ def main():
                   f"| {row['samples_per_s']:.0f} | {sp} |", flush=True)
         by_mode = {r["mode"]: r for r in rows if r["model"] == "-".join(map(str, layers))}
         if "gradagg" in by_mode and "cpp" in by_mode:
-            extra = (by_mode["gradagg"]["ms_per_step"] - by_mode["cpp"]["ms_per_step"]) * 1e3
-            print(f"|   | | | python layer over the C++ core: {extra:+.0f} us/step | | | | | | |")
+            # What Python costs anyway on one worker's share (forward, backward, SGD step in
+            # one process, one thread), in Python and in C++: gradagg's critical path has the
+            # same pieces, so what remains of the difference is gradagg's Python layer.
+            share = size // args.workers
+            py_share = run_single(layers, share, steps, warmup, threads_wanted=1)["ms_per_step"]
+            cpp_share = run_cpp(layers, share, steps, warmup, 1, args.build, mode="single",
+                                threads=1)["ms_per_step"]
+            total = (by_mode["gradagg"]["ms_per_step"] - by_mode["cpp"]["ms_per_step"]) * 1e3
+            torch_py = (py_share - cpp_share) * 1e3
+            layer = {"model": by_mode["gradagg"]["model"], "params": params, "batch": size,
+                     "mode": "python-layer", "gradagg_minus_cpp_us": total,
+                     "one_share_python_minus_cpp_us": torch_py,
+                     "python_layer_us": total - torch_py}
+            rows.append(layer)
+            print(f"| {layer['model']} | {params} | {size} | python layer: {total - torch_py:+.0f} "
+                  f"us/step | (gradagg Python - C++ {total:+.0f} us; PyTorch's own Python cost "
+                  f"on one {share}-sample share {torch_py:+.0f} us; the step() call itself "
+                  f"{by_mode['gradagg']['step_call_overhead_us']:.1f} us) | | | | | |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             for row in rows:
