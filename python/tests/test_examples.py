@@ -1,0 +1,39 @@
+"""The Python examples run as a user runs them."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FASHION = os.path.join(ROOT, "python", "examples", "fashion_mnist.py")
+DATA = "/usr/share/datasets/fashion-mnist"
+
+
+def run(*args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300,
+                          env=env)
+
+
+@pytest.mark.skipif(not os.path.isdir(DATA), reason=f"{DATA} missing (dataset-fashion-mnist)")
+def test_fashion_mnist_matches_one_process():
+    results = []
+    for extra in ([], ["--single"]):
+        r = run(FASHION, "--workers", "2", "--epochs", "1", "--limit", "3000", *extra)
+        assert r.returncode == 0, r.stdout + r.stderr
+        m = re.search(r"test loss ([0-9.]+) test accuracy ([0-9.]+)", r.stdout)
+        assert m, r.stdout
+        results.append((float(m.group(1)), float(m.group(2))))
+    (loss, acc), (single_loss, single_acc) = results
+    assert abs(loss - single_loss) < 1e-3 and abs(acc - single_acc) < 2e-3, results
+    assert acc > 0.5  # it learned something in one epoch of 3000 samples
+
+
+def test_fashion_mnist_missing_data_names_the_file_and_the_package(tmp_path):
+    r = run(FASHION, "--data", str(tmp_path / "nowhere"))
+    assert r.returncode != 0
+    assert "nowhere/train-images-idx3-ubyte.gz not found" in r.stderr
+    assert "dataset-fashion-mnist" in r.stderr
+    assert "Traceback" not in r.stderr
