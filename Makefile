@@ -42,6 +42,11 @@ build: configure
 demo: configure
 	cmake --build $(BUILD) -j $(JOBS) --target linear_regression_parity
 	$(BUILD)/examples/linear_regression_parity
+	@if grep -q "GRADAGG_BUILD_PYTHON:BOOL=ON" $(BUILD)/CMakeCache.txt; then \
+	  cmake --build $(BUILD) -j $(JOBS) --target gradagg_python && \
+	  echo "--- the same demo in Python (python/examples/linear_regression_parity.py):" && \
+	  PYTHONPATH=$(BUILD)/python /usr/bin/python3 python/examples/linear_regression_parity.py; \
+	fi
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
@@ -69,6 +74,8 @@ plot: configure
 	  out='examples/fashion_mnist.png'" examples/fashion_mnist.gp
 	@echo "wrote examples/fashion_mnist.png"
 
+# The library, headers and CMake package under CMAKE_INSTALL_PREFIX (/usr/local), and
+# the Python package where Debian's python3 finds it (/usr/local/lib/python3.11/dist-packages).
 install: build
 	cmake --install $(BUILD)
 
