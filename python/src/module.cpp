@@ -4,6 +4,8 @@
 // the GIL released for every wait, and options with Python's types (seconds,
 // strings for the enums). gradagg/__init__.py adds keyword arguments and the
 // context manager on top.
+#include <mutex>
+
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -258,11 +260,20 @@ class PyAggregator {
     });
   }
 
+  // A copy: the next step reuses the report. The lock is taken without the GIL,
+  // so a second Python thread calling step() or close() waits for this one.
   StepReport step() {
-    return withoutGil([&] { return agg().step(); });  // a copy: the next step reuses the report
+    Aggregator& a = agg();
+    return withoutGil([&] {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return a.step();
+    });
   }
   void close() {
-    if (agg_) withoutGil([&] { agg_->shutdown(); });
+    if (agg_) withoutGil([&] {
+        std::lock_guard<std::mutex> lock(mutex_);
+        agg_->shutdown();
+      });
   }
   Aggregator& agg() {
     if (!agg_) throw NotUsable("gradagg: the aggregator is closed");
@@ -271,6 +282,7 @@ class PyAggregator {
 
  private:
   std::unique_ptr<Aggregator> agg_;
+  std::mutex mutex_;  // one step() or close() at a time
 };
 
 void bindOptions(py::module_& m) {

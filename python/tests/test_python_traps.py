@@ -185,3 +185,40 @@ def test_ctrl_c_uncaught_ends_the_program_cleanly():
     assert p.returncode != 0
     assert "KeyboardInterrupt" in err
     assert "Fatal" not in err and "core dumped" not in err
+
+
+def test_two_threads_stepping_one_aggregator_take_turns():
+    model = mlp()
+    x, y = data(24)
+    errors = []
+    with gradagg.Aggregator(model, shard_fn(model, x, y, bounds(24, 2, False)), workers=2) as agg:
+        def run():
+            try:
+                for _ in range(50):
+                    agg.step()
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert agg.steps_done == 100
+
+
+def test_an_aggregator_never_closed_ends_with_the_interpreter():
+    p = run_python("""
+        import torch, gradagg
+        model = torch.nn.Linear(2, 1)
+        agg = gradagg.Aggregator(model, lambda ctx: model(torch.ones(3, 2)).sum(), workers=2)
+        agg.step()
+        print("pids", *agg.worker_pids, flush=True)
+    """)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert "Fatal" not in err and "Error" not in err, err
+    pids = [int(v) for v in out.split()[1:]]
+    time.sleep(0.2)
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
