@@ -33,6 +33,12 @@ __all__ = [
 ]
 
 
+# The keyword options that are Options fields of the same name (nodes aside).
+_OPTION_NAMES = ("workers", "weighting", "buffers", "threads_per_worker", "parent_threads",
+                 "step_timeout", "shutdown_timeout", "non_finite", "max_consecutive_skips",
+                 "max_restarts", "seed_workers", "seed", "check_parameter_list")
+
+
 class Aggregator(_Aggregator):
     """Forks ``workers`` workers that compute the gradient of ``model`` on their shards.
 
@@ -78,20 +84,10 @@ class Aggregator(_Aggregator):
                  shutdown_timeout=2.0, non_finite="raise", max_consecutive_skips=10,
                  max_restarts=0, seed_workers=True, seed=0, check_parameter_list=True,
                  nodes=None):
+        given = locals()
         options = Options()
-        options.workers = workers
-        options.weighting = weighting
-        options.buffers = buffers
-        options.threads_per_worker = threads_per_worker
-        options.parent_threads = parent_threads
-        options.step_timeout = step_timeout
-        options.shutdown_timeout = shutdown_timeout
-        options.non_finite = non_finite
-        options.max_consecutive_skips = max_consecutive_skips
-        options.max_restarts = max_restarts
-        options.seed_workers = seed_workers
-        options.seed = seed
-        options.check_parameter_list = check_parameter_list
+        for name in _OPTION_NAMES:
+            setattr(options, name, given[name])
         if nodes is not None:
             options.nodes = nodes
         for method in ("named_parameters", "named_buffers", "parameters", "train"):

@@ -121,3 +121,22 @@ def test_torchscript_module():
         agg.step()
     for p, g in zip(model.parameters(), want):
         torch.testing.assert_close(p.grad, g, rtol=1e-6, atol=1e-6)
+
+
+def test_keyword_options_reach_the_core():
+    model = mlp()
+    x, y = data(24)
+    nodes = gradagg.NodeOptions(nodes=1, timeout=7.5)
+    with gradagg.Aggregator(model, shard_fn(model, x, y, bounds(24, 3, False)), workers=3,
+                            weighting="equal", buffers="mean", threads_per_worker=1,
+                            parent_threads=0, step_timeout=12.5, shutdown_timeout=0.25,
+                            non_finite="skip", max_consecutive_skips=4, max_restarts=2,
+                            seed_workers=False, seed=99, check_parameter_list=False,
+                            nodes=nodes) as agg:
+        o = agg.options
+        assert (agg.workers, o.workers, agg.threads_per_worker) == (3, 3, 1)
+        assert (o.weighting, o.buffers, o.non_finite) == ("equal", "mean", "skip")
+        assert (o.step_timeout, o.shutdown_timeout, o.nodes.timeout) == (12.5, 0.25, 7.5)
+        assert (o.parent_threads, o.max_consecutive_skips, o.max_restarts) == (0, 4, 2)
+        assert (o.seed_workers, o.seed, o.check_parameter_list) == (False, 99, False)
+        assert "workers=3" in repr(agg)
