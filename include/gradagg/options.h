@@ -83,6 +83,15 @@ struct Options {
   // How long shutdown waits for workers to exit before it kills them.
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(2)};
 
+  // Gradient accumulation: each step, every worker runs its shard function this
+  // many times (ShardContext::micro_step = 0..accumulation_steps-1) and their
+  // gradients add up in its slot before the one reduction: the step's .grad is
+  // the mean gradient over every micro-batch of every worker (weighted by
+  // samples, or with kEqual the mean of each worker's micro-batch mean), as one
+  // process computes it on all those samples at once. Memory stays one slot per
+  // worker; the handshake and the reduction happen once per step. 1: off.
+  int accumulation_steps = 1;
+
   NonFinitePolicy non_finite = NonFinitePolicy::kRaise;
   // With kSkipStep: more consecutive skipped steps than this raise NonFiniteGradient.
   int max_consecutive_skips = 10;

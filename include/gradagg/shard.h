@@ -20,11 +20,16 @@ struct ShardContext {
   int global_workers = 1;  // over all nodes
   int node = 0;
   int nodes = 1;
+  // Gradient accumulation (Options::accumulation_steps): which micro-batch of
+  // this step, 0..micro_steps-1. Pick the micro-batch by (step, micro_step).
+  int micro_step = 0;
+  int micro_steps = 1;
 };
 
 // What a shard function returns: the loss of its shard (a scalar that requires
 // grad; gradagg calls backward on it, so do not call backward yourself) and how
-// many samples that loss averages over (> 0), used for the weighting.
+// many samples that loss averages over (> 0), used for the weighting (also
+// between the micro-batches of one worker when accumulating).
 struct ShardResult {
   at::Tensor loss;
   std::int64_t samples = 1;

@@ -7,12 +7,13 @@
 namespace gradagg {
 
 struct WorkerReport {
-  double loss = 0;           // the loss the shard function returned
-  std::int64_t samples = 0;  // the sample count the shard function returned
+  double loss = 0;           // the loss the shard function returned (accumulating: the
+                             // mean over the micro-batches, weighted as the gradient)
+  std::int64_t samples = 0;  // the sample count it returned (accumulating: the sum)
   double wake_ms = 0;        // from the parent's command to this worker starting the step
   double load_ms = 0;        // loading the snapshot (buffers, clearing the slot)
-  double shard_ms = 0;       // user's shard function (forward and loss)
-  double backward_ms = 0;    // autograd into the slot
+  double shard_ms = 0;       // user's shard function (forward and loss; all micro-batches)
+  double backward_ms = 0;    // autograd into the slot (all micro-batches)
   double write_ms = 0;       // checking the slot (shapes, finiteness), loss and buffers
   double barrier_ms = 0;     // waiting for the other workers' slots
   double reduce_ms = 0;      // summing this worker's range over all slots

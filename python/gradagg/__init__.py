@@ -36,7 +36,8 @@ __all__ = [
 # The keyword options that are Options fields of the same name (nodes aside).
 _OPTION_NAMES = ("workers", "weighting", "buffers", "threads_per_worker", "parent_threads",
                  "step_timeout", "shutdown_timeout", "non_finite", "max_consecutive_skips",
-                 "max_restarts", "seed_workers", "seed", "check_parameter_list")
+                 "max_restarts", "accumulation_steps", "seed_workers", "seed",
+                 "check_parameter_list")
 
 
 class Aggregator(_Aggregator):
@@ -70,6 +71,9 @@ class Aggregator(_Aggregator):
       max_consecutive_skips: with "skip", more skipped steps in a row raise (10).
       max_restarts: a dead or late worker group is forked anew and the step redone,
         this many times (0: raise WorkerDied / StepTimeout).
+      accumulation_steps: each step every worker runs shard() this many times
+        (ctx.micro_step = 0..k-1) and the gradients add up before the one reduction:
+        .grad is the mean gradient over all those micro-batches (DDP's no_sync()).
       seed_workers, seed: each worker seeds torch's generator from (seed, rank, step).
       check_parameter_list: compare model.parameters() with the list at
         construction each step (True).
@@ -82,8 +86,8 @@ class Aggregator(_Aggregator):
     def __init__(self, model, shard, *, workers=2, weighting="samples", buffers="rank0",
                  threads_per_worker=0, parent_threads=1, step_timeout=300.0,
                  shutdown_timeout=2.0, non_finite="raise", max_consecutive_skips=10,
-                 max_restarts=0, seed_workers=True, seed=0, check_parameter_list=True,
-                 nodes=None):
+                 max_restarts=0, accumulation_steps=1, seed_workers=True, seed=0,
+                 check_parameter_list=True, nodes=None):
         given = locals()
         options = Options()
         for name in _OPTION_NAMES:

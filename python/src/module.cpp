@@ -95,8 +95,7 @@ class ParameterList {
     for (py::handle m : model.attr("modules")()) {
       Module entry{py::reinterpret_borrow<py::object>(m), {}};
       const py::object children = entry.module.attr("_modules");
-      if (!PyDict_Check(children.ptr()) ||
-          !PyDict_Check(entry.module.attr("_parameters").ptr())) {
+      if (!PyDict_Check(children.ptr()) || !PyDict_Check(entry.module.attr("_parameters").ptr())) {
         modules_.clear();  // not nn.Module's layout: ask the model each time
         return;
       }
@@ -178,12 +177,12 @@ std::string describePythonError(py::error_already_set& e) {
   try {
     const py::object format = py::module_::import("traceback").attr("format_exception");
     for (py::handle line : format(e.type(), e.value(), e.trace())) trace += py::str(line);
-  } catch (const py::error_already_set&) {
-  }
+  } catch (const py::error_already_set&) {}
   const auto first_newline = head.find('\n');
   if (first_newline != std::string::npos) head.resize(first_newline);
   std::string text = head + "\n" + trace;
-  if (text.size() > kRoom) text = head + "\n...\n" + trace.substr(trace.size() - (kRoom - head.size() - 5));
+  if (text.size() > kRoom)
+    text = head + "\n...\n" + trace.substr(trace.size() - (kRoom - head.size() - 5));
   return text;
 }
 
@@ -236,7 +235,8 @@ std::string nameOf(E e, std::initializer_list<std::pair<const char*, E>> names) 
 const std::initializer_list<std::pair<const char*, Weighting>> kWeightings = {
     {"samples", Weighting::kBySamples}, {"equal", Weighting::kEqual}};
 const std::initializer_list<std::pair<const char*, BufferSync>> kBufferSyncs = {
-    {"rank0", BufferSync::kFromRank0}, {"mean", BufferSync::kMean},
+    {"rank0", BufferSync::kFromRank0},
+    {"mean", BufferSync::kMean},
     {"keep", BufferSync::kKeepParent}};
 const std::initializer_list<std::pair<const char*, NonFinitePolicy>> kNonFinite = {
     {"raise", NonFinitePolicy::kRaise}, {"skip", NonFinitePolicy::kSkipStep}};
@@ -270,7 +270,8 @@ class PyAggregator {
     });
   }
   void close() {
-    if (agg_) withoutGil([&] {
+    if (agg_)
+      withoutGil([&] {
         std::lock_guard<std::mutex> lock(mutex_);
         agg_->shutdown();
       });
@@ -303,8 +304,8 @@ void bindOptions(py::module_& m) {
              return o;
            }),
            py::kw_only(), "nodes"_a = 1, "node_rank"_a = 0, "master_addr"_a = "127.0.0.1",
-           "master_port"_a = 29500, "store_path"_a = "", "interface"_a = "",
-           "timeout"_a = 60.0, "checksum_interval"_a = 100)
+           "master_port"_a = 29500, "store_path"_a = "", "interface"_a = "", "timeout"_a = 60.0,
+           "checksum_interval"_a = 100)
       .def_static(
           "from_environment", [] { return NodeOptions::fromEnvironment(); },
           "The defaults overridden by GRADAGG_NNODES, GRADAGG_NODE_RANK, MASTER_ADDR, "
@@ -351,6 +352,7 @@ void bindOptions(py::module_& m) {
           })
       .def_readwrite("max_consecutive_skips", &Options::max_consecutive_skips)
       .def_readwrite("max_restarts", &Options::max_restarts)
+      .def_readwrite("accumulation_steps", &Options::accumulation_steps)
       .def_readwrite("nodes", &Options::nodes)
       .def_readwrite("seed_workers", &Options::seed_workers)
       .def_readwrite("seed", &Options::seed)
@@ -367,8 +369,11 @@ void bindReports(py::module_& m) {
       .def_readonly("global_workers", &ShardContext::global_workers)
       .def_readonly("node", &ShardContext::node)
       .def_readonly("nodes", &ShardContext::nodes)
+      .def_readonly("micro_step", &ShardContext::micro_step)
+      .def_readonly("micro_steps", &ShardContext::micro_steps)
       .def("__repr__", [](const ShardContext& c) {
-        return fmt::format("ShardContext(rank={}, workers={}, step={})", c.rank, c.workers, c.step);
+        return fmt::format("ShardContext(rank={}, workers={}, step={}, micro_step={})", c.rank,
+                           c.workers, c.step, c.micro_step);
       });
 
   py::class_<WorkerReport>(m, "WorkerReport", "One worker's part of a step (times in ms).")
@@ -410,8 +415,7 @@ void bindAggregator(py::module_& m) {
            "Every worker runs the shard function; each parameter's .grad becomes the weighted "
            "mean gradient. Call optimizer.step() after it. On an error nothing changes.")
       .def("close", &PyAggregator::close, "Stops and reaps the workers (idempotent).")
-      .def_property_readonly("usable",
-                             [](PyAggregator& a) { return a.agg().usable(); })
+      .def_property_readonly("usable", [](PyAggregator& a) { return a.agg().usable(); })
       .def_property_readonly("workers", [](PyAggregator& a) { return a.agg().workers(); })
       .def_property_readonly("steps_done", [](PyAggregator& a) { return a.agg().stepsDone(); })
       .def_property_readonly("threads_per_worker",

@@ -131,6 +131,7 @@ def test_keyword_options_reach_the_core():
                             weighting="equal", buffers="mean", threads_per_worker=1,
                             parent_threads=0, step_timeout=12.5, shutdown_timeout=0.25,
                             non_finite="skip", max_consecutive_skips=4, max_restarts=2,
+                            accumulation_steps=3,
                             seed_workers=False, seed=99, check_parameter_list=False,
                             nodes=nodes) as agg:
         o = agg.options
@@ -138,5 +139,37 @@ def test_keyword_options_reach_the_core():
         assert (o.weighting, o.buffers, o.non_finite) == ("equal", "mean", "skip")
         assert (o.step_timeout, o.shutdown_timeout, o.nodes.timeout) == (12.5, 0.25, 7.5)
         assert (o.parent_threads, o.max_consecutive_skips, o.max_restarts) == (0, 4, 2)
+        assert o.accumulation_steps == 3
         assert (o.seed_workers, o.seed, o.check_parameter_list) == (False, 99, False)
         assert "workers=3" in repr(agg)
+
+
+@pytest.mark.parametrize("weighting", ["samples", "equal"])
+def test_accumulation_is_the_gradient_of_every_micro_batch(weighting):
+    """3 workers x 4 micro-batches of 4, 5 or 6 rows: .grad is what one process
+    computes on all 60 rows (by samples), or the mean of the 12 micro-batch
+    gradients (equal)."""
+    model = mlp()
+    x, y = data(60)
+    sizes = [4 + i % 3 for i in range(12)]
+    starts = [sum(sizes[:i]) for i in range(13)]
+    if weighting == "samples":
+        want = full_batch_grads(model, x, y)
+    else:
+        ref = copy.deepcopy(model)
+        loss = sum(torch.nn.functional.mse_loss(ref(x[starts[i]:starts[i + 1]]),
+                                                y[starts[i]:starts[i + 1]]) for i in range(12))
+        (loss / 12).backward()
+        want = [p.grad for p in ref.parameters()]
+
+    def shard(ctx):
+        i = ctx.rank * ctx.micro_steps + ctx.micro_step
+        lo, hi = starts[i], starts[i + 1]
+        return torch.nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi]), hi - lo
+
+    with gradagg.Aggregator(model, shard, workers=3, accumulation_steps=4,
+                            weighting=weighting) as agg:
+        report = agg.step()
+    assert report.samples == 60
+    for p, g in zip(model.parameters(), want):
+        torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-6)

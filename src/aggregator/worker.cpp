@@ -128,7 +128,6 @@ class Worker {
       auto t0 = Clock::now();
       loadSnapshot();
       control_.load_ms = millisSince(t0);
-      enter(Phase::kShard);
       ShardContext ctx;
       ctx.rank = s_.rank;
       ctx.workers = n_;
@@ -137,17 +136,13 @@ class Worker {
       ctx.global_workers = s_.placement.global_workers;
       ctx.node = s_.placement.node;
       ctx.nodes = s_.placement.nodes;
-      t0 = Clock::now();
-      ShardResult result = (*s_.shard)(ctx);
-      control_.shard_ms = millisSince(t0);
-      checkResult(result);
-      enter(Phase::kBackward);
-      t0 = Clock::now();
-      result.loss.backward();
-      control_.backward_ms = millisSince(t0);
+      ctx.micro_steps = s_.options->accumulation_steps;
+      Accumulated sum;
+      for (ctx.micro_step = 0; ctx.micro_step < ctx.micro_steps; ++ctx.micro_step)
+        sum.add(microStep(ctx));
       enter(Phase::kWritingSlot);
       t0 = Clock::now();
-      writeSlot(result);
+      writeSlot(sum.samples, sum.loss(equalWeights()));
       control_.write_ms = millisSince(t0);
     } catch (...) {
       fail(SlotStatus::kFailed);
@@ -157,6 +152,46 @@ class Worker {
       enter(Phase::kReducing);
     } catch (...) {}
     if (channel_.arrive(header_.computed) == 1) close();  // the N-th of N + 1: the closer
+  }
+
+  // What the micro-batches of one step add up to.
+  struct Accumulated {
+    std::int64_t samples = 0;
+    double weighted_loss = 0;  // sum of samples_i * loss_i
+    double plain_loss = 0;     // sum of loss_i
+    int count = 0;
+    void add(const std::pair<double, std::int64_t>& micro) {
+      samples += micro.second;
+      weighted_loss += micro.first * static_cast<double>(micro.second);
+      plain_loss += micro.first;
+      ++count;
+    }
+    double loss(bool equal) const {
+      if (count == 1) return plain_loss;
+      return equal ? plain_loss / count : weighted_loss / static_cast<double>(samples);
+    }
+  };
+
+  bool equalWeights() const { return s_.options->weighting == Weighting::kEqual; }
+
+  // One micro-batch: the shard function, then backward into the slot. Returns
+  // its loss and samples. Accumulating with kBySamples, backward starts from
+  // `samples` instead of 1, so the slot holds the sum of samples_i * gradient_i
+  // (the closer divides by the worker's total); one micro-batch, or kEqual, as is.
+  std::pair<double, std::int64_t> microStep(const ShardContext& ctx) {
+    enter(Phase::kShard);
+    auto t0 = Clock::now();
+    ShardResult result = (*s_.shard)(ctx);
+    control_.shard_ms += millisSince(t0);
+    checkResult(result);
+    enter(Phase::kBackward);
+    t0 = Clock::now();
+    if (ctx.micro_steps > 1 && !equalWeights())
+      result.loss.backward(at::full_like(result.loss, static_cast<double>(result.samples)));
+    else
+      result.loss.backward();
+    control_.backward_ms += millisSince(t0);
+    return {result.loss.item<double>(), result.samples};
   }
 
   void loadSnapshot() {
@@ -203,7 +238,7 @@ class Worker {
       throw InvalidArgument(fmt::format("ShardResult.samples must be > 0, got {}", r.samples));
   }
 
-  void writeSlot(const ShardResult& r) {
+  void writeSlot(std::int64_t samples, double loss) {
     auto& params = s_.binding->params();
     at::NoGradGuard no_grad;
     for (std::size_t k = 0; k < params.size(); ++k) {
@@ -231,8 +266,8 @@ class Worker {
     }
     std::byte* slot_buffers = map_.slotBuffers(s_.rank);
     for (TensorEntry& b : s_.binding->buffers()) viewAt(b, slot_buffers).copy_(b.tensor);
-    control_.samples = r.samples;
-    control_.loss = r.loss.item<double>();
+    control_.samples = samples;
+    control_.loss = loss;
     checkFinite();
   }
 
@@ -275,7 +310,16 @@ class Worker {
   // After `computed` read 0: the summary is final.
   void reduce() {
     if (header_.step_ok == 0) return;  // nothing is applied
-    for (int r = 0; r < n_; ++r) weights_[r] = map_.control(r).weight;
+    // The step's weights are per mean gradient (the loss and the buffers use
+    // them so); accumulated slots hold sums (see microStep): divide by the
+    // worker's samples, or with kEqual its micro-batches.
+    const int k = s_.options->accumulation_steps;
+    for (int r = 0; r < n_; ++r) {
+      const WorkerControl& c = map_.control(r);
+      weights_[r] = k == 1           ? c.weight
+                    : equalWeights() ? c.weight / k
+                                     : c.weight / static_cast<double>(c.samples);
+    }
     reduceRange(*s_.flat, s_.range, map_.result(header_.result_index), slots_.data(),
                 weights_.data(), n_);
   }

@@ -37,6 +37,9 @@ void Options::validate() const {
   if (max_consecutive_skips < 0)
     throw InvalidArgument(
         fmt::format("Options.max_consecutive_skips: expected >= 0, got {}", max_consecutive_skips));
+  if (accumulation_steps < 1 || accumulation_steps > (1 << 20))
+    throw InvalidArgument(fmt::format("Options.accumulation_steps: expected 1..{}, got {}", 1 << 20,
+                                      accumulation_steps));
   if (max_restarts < 0)
     throw InvalidArgument(fmt::format("Options.max_restarts: expected >= 0, got {}", max_restarts));
   if (nodes.nodes < 1)
