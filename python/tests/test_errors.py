@@ -104,8 +104,8 @@ def test_bad_options_are_value_errors_naming_the_field(kwargs, field):
 def test_bad_models():
     with pytest.raises(gradagg.InvalidArgument, match="expected a torch.nn.Module"):
         gradagg.Aggregator(object(), lambda ctx: None)
-    with pytest.raises(gradagg.InvalidArgument, match="float32 or float64"):
-        gradagg.Aggregator(mlp().to(torch.float16), lambda ctx: None)
+    with pytest.raises(gradagg.InvalidArgument, match="float32, float64, bfloat16 or float16"):
+        gradagg.Aggregator(mlp().to(torch.complex64), lambda ctx: None)
     with pytest.raises(gradagg.InvalidArgument, match="shard"):
         gradagg.Aggregator(mlp(), "not callable")
 

@@ -108,9 +108,15 @@ struct Aggregator::Impl {
         param_list.push_back(p.unsafeGetTensorImpl());
     report.workers.resize(n);
     apply = std::make_unique<Applier>(binding, map, options);
-    if (options.nodes.nodes > 1)
+    if (options.nodes.nodes > 1) {
+      for (const TensorEntry& p : binding.params())
+        if (p.dtype != at::kFloat && p.dtype != at::kDouble)
+          throw InvalidArgument(
+              fmt::format("parameter '{}' is {}: across nodes gradagg serves float32 and float64 "
+                          "parameters only (one node serves bfloat16 and float16 too)",
+                          p.name, c10::toString(p.dtype)));
       stage = std::make_unique<CrossNode>(options.nodes, options.buffers, binding, map, n);
-    else
+    } else
       stage = std::make_unique<LocalStage>(n);
     channel = ParentChannel(map.header().command_seq, workerWords(map, n), processes,
                             ChannelNames{"worker", "workers", Phase::kReducing});

@@ -8,7 +8,9 @@
 namespace gradagg::detail {
 
 namespace {
-bool isReducible(c10::ScalarType t) { return t == at::kFloat || t == at::kDouble; }
+bool isReducible(c10::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf;
+}
 }  // namespace
 
 Applier::Applier(ModelBinding& binding, const SegmentMap& segment, const Options& options)

@@ -1,5 +1,7 @@
 #include "core/model_binding.h"
 
+#include <algorithm>
+#include <iterator>
 #include <unordered_set>
 
 #include <ATen/ATen.h>
@@ -50,15 +52,17 @@ ModelBinding::ModelBinding(const ModelView& model) {
     const at::Tensor& t = item.tensor;
     if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) continue;
     checkCommon("parameter", item.name, t);
-    if (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble)
-      throw InvalidArgument(fmt::format("parameter '{}': expected float32 or float64, got {}",
-                                        item.name, describeTensor(t)));
+    if (std::find(std::begin(kParameterDtypes), std::end(kParameterDtypes), t.scalar_type()) ==
+        std::end(kParameterDtypes))
+      throw InvalidArgument(
+          fmt::format("parameter '{}': expected float32, float64, bfloat16 or float16, got {}",
+                      item.name, describeTensor(t)));
     params_.push_back(TensorEntry{item.name, t, 0, static_cast<std::uint64_t>(t.nbytes()),
                                   t.scalar_type(), t.sizes().vec(), t.requires_grad()});
   }
   // Offsets grouped by dtype, float32 first: each dtype's gradients are one
   // contiguous run of the flat gradient (one collective per dtype across nodes).
-  for (const auto dtype : {at::kFloat, at::kDouble}) {
+  for (const auto dtype : kParameterDtypes) {
     for (TensorEntry& e : params_) {
       if (e.dtype != dtype) continue;
       e.offset = param_bytes_;

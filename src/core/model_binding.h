@@ -28,9 +28,23 @@ struct TensorEntry {
   bool requires_grad = false;  // fixed at construction
 };
 
-// How the reduction sees a parameter's dtype (float32 or float64).
+// The parameter dtypes gradagg serves, in the order of their runs in the flat gradient.
+inline constexpr c10::ScalarType kParameterDtypes[] = {
+    c10::ScalarType::Float, c10::ScalarType::Double, c10::ScalarType::BFloat16,
+    c10::ScalarType::Half};
+
+// How the reduction sees a parameter's (or floating buffer's) dtype.
 inline ElementType elementTypeOf(c10::ScalarType t) {
-  return t == c10::ScalarType::Double ? ElementType::kFloat64 : ElementType::kFloat32;
+  switch (t) {
+    case c10::ScalarType::Double:
+      return ElementType::kFloat64;
+    case c10::ScalarType::BFloat16:
+      return ElementType::kBFloat16;
+    case c10::ScalarType::Half:
+      return ElementType::kFloat16;
+    default:
+      return ElementType::kFloat32;
+  }
 }
 
 // A view of entry's bytes at `region + entry.offset`, with its shape and dtype.
@@ -39,7 +53,7 @@ at::Tensor viewAt(const TensorEntry& entry, std::byte* region);
 class ModelBinding {
  public:
   // Lists parameters and buffers (each tensor once, even if registered twice)
-  // and checks them: CPU, dense, parameters float32 or float64.
+  // and checks them: CPU, dense, parameters float32, float64, bfloat16 or float16.
   // Throws InvalidArgument naming the first tensor it cannot serve.
   explicit ModelBinding(const ModelView& model);
   ~ModelBinding() { release(); }

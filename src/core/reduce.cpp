@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
+
+#include <c10/util/Half.h>
 
 namespace gradagg::detail {
 
@@ -28,6 +31,46 @@ template <typename T>
       for (std::size_t k = 0; k < len; ++k) acc[k] += wi * static_cast<double>(src[k]);
     }
     for (std::size_t k = 0; k < len; ++k) out[begin + k] = static_cast<T>(acc[k]);
+  }
+}
+
+// bf16 and fp16 (the upper half of a float32; IEEE binary16), as bits. Loads
+// widen exactly; stores round to nearest even (c10's rules: the same bits as
+// LibTorch's own conversions).
+inline float bf16ToFloat(std::uint16_t b) {
+  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline std::uint16_t floatToBf16(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+template <bool kBf16>
+[[gnu::always_inline]] inline void weightedSumHalfT(std::uint16_t* __restrict out,
+                                                    const void* const* in, const double* w, int n,
+                                                    std::size_t count) {
+  const auto load = [](std::uint16_t v) {
+    return kBf16 ? bf16ToFloat(v) : c10::detail::fp16_ieee_to_fp32_value(v);
+  };
+  float acc[kBlock];
+  for (std::size_t begin = 0; begin < count; begin += kBlock) {
+    const std::size_t len = std::min(kBlock, count - begin);
+    for (int i = 0; i < n; ++i) {
+      const std::uint16_t* __restrict src = static_cast<const std::uint16_t*>(in[i]) + begin;
+      const float wi = static_cast<float>(w[i]);
+      if (i == 0)
+        for (std::size_t k = 0; k < len; ++k) acc[k] = wi * load(src[k]);
+      else
+        for (std::size_t k = 0; k < len; ++k) acc[k] += wi * load(src[k]);
+    }
+    for (std::size_t k = 0; k < len; ++k)
+      out[begin + k] = kBf16 ? floatToBf16(acc[k]) : c10::detail::fp16_ieee_from_fp32_value(acc[k]);
   }
 }
 
@@ -60,9 +103,28 @@ GRADAGG_CLONES void weightedSumF64(double* out, const void* const* in, const dou
   weightedSumT(out, in, w, n, count);
 }
 
+GRADAGG_CLONES void weightedSumBf16(std::uint16_t* out, const void* const* in, const double* w,
+                                    int n, std::size_t count) {
+  weightedSumHalfT<true>(out, in, w, n, count);
+}
+
+GRADAGG_CLONES void weightedSumF16(std::uint16_t* out, const void* const* in, const double* w,
+                                   int n, std::size_t count) {
+  weightedSumHalfT<false>(out, in, w, n, count);
+}
+
 }  // namespace
 
-std::size_t elementBytes(ElementType type) { return type == ElementType::kFloat32 ? 4 : 8; }
+std::size_t elementBytes(ElementType type) {
+  switch (type) {
+    case ElementType::kFloat32:
+      return 4;
+    case ElementType::kFloat64:
+      return 8;
+    default:
+      return 2;
+  }
+}
 
 std::vector<ByteRange> splitRanges(std::uint64_t total_bytes, int parts) {
   std::vector<ByteRange> out(static_cast<std::size_t>(std::max(parts, 1)));
@@ -108,18 +170,32 @@ void reduceRange(const std::vector<FlatTensor>& params, ByteRange range, std::by
 void weightedSum(ElementType type, void* out, const void* const* in, const double* w, int n,
                  std::size_t count) {
   if (count == 0 || n <= 0) return;
-  if (type == ElementType::kFloat32)
-    weightedSumF32(static_cast<float*>(out), in, w, n, count);
-  else
-    weightedSumF64(static_cast<double*>(out), in, w, n, count);
+  switch (type) {
+    case ElementType::kFloat32:
+      return weightedSumF32(static_cast<float*>(out), in, w, n, count);
+    case ElementType::kFloat64:
+      return weightedSumF64(static_cast<double*>(out), in, w, n, count);
+    case ElementType::kBFloat16:
+      return weightedSumBf16(static_cast<std::uint16_t*>(out), in, w, n, count);
+    case ElementType::kFloat16:
+      return weightedSumF16(static_cast<std::uint16_t*>(out), in, w, n, count);
+  }
 }
 
 bool allFinite(ElementType type, const void* data, std::size_t count) {
-  if (type == ElementType::kFloat32)
-    return allFiniteBits(static_cast<const std::uint32_t*>(data), count,
-                         std::uint32_t{0x7f800000u});
-  return allFiniteBits(static_cast<const std::uint64_t*>(data), count,
-                       std::uint64_t{0x7ff0000000000000ull});
+  switch (type) {
+    case ElementType::kFloat32:
+      return allFiniteBits(static_cast<const std::uint32_t*>(data), count,
+                           std::uint32_t{0x7f800000u});
+    case ElementType::kFloat64:
+      return allFiniteBits(static_cast<const std::uint64_t*>(data), count,
+                           std::uint64_t{0x7ff0000000000000ull});
+    case ElementType::kBFloat16:
+      return allFiniteBits(static_cast<const std::uint16_t*>(data), count, std::uint16_t{0x7f80u});
+    case ElementType::kFloat16:
+      return allFiniteBits(static_cast<const std::uint16_t*>(data), count, std::uint16_t{0x7c00u});
+  }
+  return false;
 }
 
 }  // namespace gradagg::detail

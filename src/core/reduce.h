@@ -2,8 +2,9 @@
 //
 // Every worker reduces one range of the flat gradient over all slots (a
 // reduce-scatter in shared memory), in a fixed order: slot 0, 1, ..., N-1 for
-// every element, accumulated in double. The result is therefore bit-for-bit the
-// same whoever computes which range, and from run to run.
+// every element, accumulated in double (float32, float64) or in float (bf16,
+// fp16: converted on load, rounded once on store). The result is therefore
+// bit-for-bit the same whoever computes which range, and from run to run.
 #pragma once
 
 #include <cstddef>
@@ -12,7 +13,7 @@
 
 namespace gradagg::detail {
 
-enum class ElementType { kFloat32, kFloat64 };
+enum class ElementType { kFloat32, kFloat64, kBFloat16, kFloat16 };
 std::size_t elementBytes(ElementType type);
 
 // One parameter in the flat gradient: plain data, so this file needs no torch.
@@ -37,7 +38,7 @@ std::vector<ByteRange> splitRanges(std::uint64_t total_bytes, int parts);
 void computeWeights(bool equal, const std::int64_t* samples, int n, double* w,
                     bool normalize = true);
 
-// data[k] = (T)((double)data[k] * factor).
+// data[k] = (T)((double)data[k] * factor). float32 and float64 only.
 void scaleInPlace(ElementType type, void* data, std::size_t count, double factor);
 
 // For every trainable parameter overlapping `range`, writes
@@ -48,7 +49,8 @@ void scaleInPlace(ElementType type, void* data, std::size_t count, double factor
 void reduceRange(const std::vector<FlatTensor>& params, ByteRange range, std::byte* out,
                  const std::byte* const* slots, const double* w, int n);
 
-// out[k] = (T)(w[0]*in[0][k] + ... + w[n-1]*in[n-1][k]), summed left to right in double.
+// out[k] = (T)(w[0]*in[0][k] + ... + w[n-1]*in[n-1][k]), summed left to right in
+// double (in float for bf16 and fp16), rounded once to T.
 void weightedSum(ElementType type, void* out, const void* const* in, const double* w, int n,
                  std::size_t count);
 
