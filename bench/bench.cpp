@@ -129,6 +129,7 @@ struct Config {
   bool check = false;
   bool short_run = false;
   int cores = 1;
+  std::string reduce_dtype = "float32";  // reduce-only: float32, bf16 or fp16
 };
 
 int peerThreads(const Config& cfg) { return std::max(1, cfg.cores / cfg.workers); }
@@ -446,22 +447,42 @@ std::vector<double> timeCalls(int samples, int repeat, Fn&& fn) {
   return ms;
 }
 
+// bf16 / fp16 bits of 0.5 * (r + 1) for r < 4: exact in every dtype.
+std::uint16_t halfBits(detail::ElementType type, float v) {
+  const at::Tensor t =
+      at::full({1}, v, type == detail::ElementType::kBFloat16 ? at::kBFloat16 : at::kHalf);
+  return *static_cast<const std::uint16_t*>(t.data_ptr());
+}
+
 Row runReduceOnly(const ModelSpec& spec, const Config& cfg) {
   const int n = cfg.workers;
   const auto P = static_cast<std::size_t>(paramCount(spec));
+  const detail::ElementType type = cfg.reduce_dtype == "bf16"   ? detail::ElementType::kBFloat16
+                                   : cfg.reduce_dtype == "fp16" ? detail::ElementType::kFloat16
+                                                                : detail::ElementType::kFloat32;
+  const std::size_t esize = detail::elementBytes(type);
   // The reduction reads n slots and writes one result; c = a + b reads two
   // arrays and writes one: size it to move as many bytes.
-  const double bytes = static_cast<double>((n + 1) * P * sizeof(float));
-  const std::size_t stream_count = std::max<std::size_t>(1, (n + 1) * P / 3);
+  const double bytes = static_cast<double>((n + 1) * P * esize);
+  const std::size_t stream_count = std::max<std::size_t>(1, (n + 1) * P * esize / 4 / 3);
   const double stream_bytes = 3.0 * static_cast<double>(stream_count * sizeof(float));
 
-  std::vector<std::vector<float>> slots(n, std::vector<float>(P));
-  std::vector<const float*> inputs;
+  // Slot r holds 0.5 * (r + 1) everywhere, in the chosen dtype.
+  std::vector<std::vector<std::byte>> slots(n, std::vector<std::byte>(P * esize));
+  std::vector<const void*> inputs;
   for (int r = 0; r < n; ++r) {
-    std::fill(slots[r].begin(), slots[r].end(), 0.5f * static_cast<float>(r + 1));
+    const float v = 0.5f * static_cast<float>(r + 1);
+    if (esize == 4) {
+      auto* p = reinterpret_cast<float*>(slots[r].data());
+      std::fill(p, p + P, v);
+    } else {
+      auto* p = reinterpret_cast<std::uint16_t*>(slots[r].data());
+      std::fill(p, p + P, halfBits(type, v));
+    }
     inputs.push_back(slots[r].data());
   }
-  std::vector<float> out(P), a(stream_count, 1.0f), b(stream_count, 2.0f), c(stream_count);
+  std::vector<std::byte> out(P * esize);
+  std::vector<float> a(stream_count, 1.0f), b(stream_count, 2.0f), c(stream_count);
   const std::vector<double> weights(n, 1.0 / n);
 
   // Each sample moves at least ~64 MB, so a small model's reduction is timed
@@ -470,15 +491,25 @@ Row runReduceOnly(const ModelSpec& spec, const Config& cfg) {
   const int samples = std::max(5, std::min(30, cfg.steps));
   std::vector<double> reduce_ms, stream_ms;
   for (int s = -1; s < samples; ++s) {  // s == -1: warm-up; interleaved so both see the same noise
-    const auto r =
-        timeCalls(1, repeat, [&] { reduceSlots(out.data(), inputs.data(), weights.data(), n, P); });
+    const auto r = timeCalls(
+        1, repeat, [&] { reduceSlots(type, out.data(), inputs.data(), weights.data(), n, P); });
     const auto st =
         timeCalls(1, repeat, [&] { streamAdd(c.data(), a.data(), b.data(), stream_count, n); });
     if (s < 0) continue;
     reduce_ms.push_back(r[0]);
     stream_ms.push_back(st[0]);
   }
-  if (out[P / 2] <= 0 || c[stream_count / 2] != 3.0f)
+  // The mean of 0.5 * (r + 1) over r < n is 0.25 * (n + 1), exact in every dtype for n <= 4.
+  const float mid =
+      esize == 4 ? reinterpret_cast<const float*>(out.data())[P / 2]
+      : type == detail::ElementType::kBFloat16
+          ? static_cast<float>(
+                c10::BFloat16(reinterpret_cast<const std::uint16_t*>(out.data())[P / 2],
+                              c10::BFloat16::from_bits()))
+          : static_cast<float>(c10::Half(reinterpret_cast<const std::uint16_t*>(out.data())[P / 2],
+                                         c10::Half::from_bits()));
+  if ((n <= 4 && mid != 0.25f * static_cast<float>(n + 1)) || mid <= 0 ||
+      c[stream_count / 2] != 3.0f)
     throw std::logic_error("reduce-only: wrong sums");
 
   const double gloo = glooAllreduceMs(n, P, samples, peerThreads(cfg));
@@ -494,6 +525,7 @@ Row runReduceOnly(const ModelSpec& spec, const Config& cfg) {
   row.extra["bandwidth_fraction"] = row.extra["gbps"] / row.extra["gbps_stream"];
   row.extra["gloo_allreduce_ms"] = gloo;
   row.extra["gloo_over_reduce"] = gloo / row.ms_per_step;
+  if (cfg.reduce_dtype != "float32") row.mode += "-" + cfg.reduce_dtype;  // reduce-only-bf16
   return row;
 }
 
@@ -559,6 +591,9 @@ int run(int argc, char** argv) {
   app.add_option("--modes", modes,
                  "comma list of single, shm, gloo, shm-2nodes, reduce-only (default all)");
   app.add_option("--json", cfg.json, "write one JSON object per configuration (JSON Lines) here");
+  app.add_option("--reduce-dtype", cfg.reduce_dtype,
+                 "element type of the reduce-only slots: float32, bf16 or fp16")
+      ->check(CLI::IsMember({"float32", "bf16", "fp16"}));
   app.add_flag("--short", cfg.short_run,
                "CI smoke run: 3 steps, 1 warm-up, only the 807 and 55k models");
   app.add_flag("--check", cfg.check,
@@ -616,7 +651,7 @@ int run(int argc, char** argv) {
   }
   std::vector<Row> rows;
   auto record = [&](Row row) {
-    if (row.mode != "check" && row.mode != "reduce-only" && row.ms_per_step > 0)
+    if (row.mode != "check" && row.mode.rfind("reduce-only", 0) != 0 && row.ms_per_step > 0)
       row.samples_per_s = 1000.0 * static_cast<double>(row.batch) / row.ms_per_step;
     std::cerr << "  " << row.model << " " << row.mode << ": " << row.ms_per_step << " ms\n";
     rows.push_back(row);

@@ -65,12 +65,12 @@ PartPool& pool(int n) {
 
 }  // namespace
 
-void reduceSlots(float* out, const float* const* slots, const double* weights, int n,
-                 std::size_t count) {
-  const std::vector<detail::FlatTensor> flat{{0, count, detail::ElementType::kFloat32}};
-  const auto ranges = detail::splitRanges(count * sizeof(float), n);
+void reduceSlots(detail::ElementType type, void* out, const void* const* slots,
+                 const double* weights, int n, std::size_t count) {
+  const std::vector<detail::FlatTensor> flat{{0, count, type}};
+  const auto ranges = detail::splitRanges(count * detail::elementBytes(type), n);
   std::vector<const std::byte*> views;
-  for (int i = 0; i < n; ++i) views.push_back(reinterpret_cast<const std::byte*>(slots[i]));
+  for (int i = 0; i < n; ++i) views.push_back(static_cast<const std::byte*>(slots[i]));
   pool(n).run([&](int r) {
     detail::reduceRange(flat, ranges[r], reinterpret_cast<std::byte*>(out), views.data(), weights,
                         n);

@@ -3,13 +3,16 @@
 
 #include <cstddef>
 
+#include "core/reduce.h"
+
 namespace gradagg::bench {
 
 // out[k] = sum_i weights[i] * slots[i][k], i = 0..n-1 in order: the slot
 // reduction gradagg runs each step, split into n ranges reduced in parallel by n
 // persistent threads (as the n workers do). Not reentrant.
-void reduceSlots(float* out, const float* const* slots, const double* weights, int n,
-                 std::size_t count);
+// `type`: the slots' element type (bf16 and fp16: summed in float, rounded once).
+void reduceSlots(detail::ElementType type, void* out, const void* const* slots,
+                 const double* weights, int n, std::size_t count);
 
 // c[k] = a[k] + b[k]: the plain streaming kernel, the bandwidth reference, on
 // the same n threads as the reduction. Not reentrant.

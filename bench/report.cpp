@@ -98,7 +98,7 @@ void printTable(std::ostream& out, const std::vector<Row>& rows) {
          "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const Row& r : rows) {
     if (r.mode == "check") continue;
-    const bool reduce_only = r.mode == "reduce-only";
+    const bool reduce_only = r.mode.rfind("reduce-only", 0) == 0;
     std::string gbps;
     if (reduce_only) gbps = extraOr(r, "gbps") + " (" + extraOr(r, "gbps_stream") + ")";
     out << "| " << r.model << " | " << r.params << " | "

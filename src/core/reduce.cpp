@@ -46,9 +46,9 @@ inline float bf16ToFloat(std::uint16_t b) {
 inline std::uint16_t floatToBf16(float f) {
   std::uint32_t u;
   std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<std::uint16_t>(nan ? 0x7fc0u : rounded);  // a select: the loop vectorises
 }
 
 template <bool kBf16>

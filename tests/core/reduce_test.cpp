@@ -6,6 +6,8 @@
 #include <random>
 #include <vector>
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <gtest/gtest.h>
 
 #include "core/reduce.h"
@@ -93,6 +95,63 @@ TEST(AllFinite, FindsNanAndInfinityAnywhere) {
   }
   const float big = std::numeric_limits<float>::max();
   EXPECT_TRUE(allFinite(ElementType::kFloat32, &big, 1));
+}
+
+// bf16 and fp16: widened exactly, summed in float left to right, rounded once,
+// with LibTorch's own conversions (c10::BFloat16, c10::Half) as the reference.
+template <typename H>
+void checkHalfWeightedSum(ElementType type, int n, std::size_t count) {
+  std::mt19937 rng(n * 7 + static_cast<int>(count));
+  std::normal_distribution<float> normal;
+  std::vector<std::vector<std::uint16_t>> in(n, std::vector<std::uint16_t>(count));
+  std::vector<const void*> ptrs;
+  std::vector<double> w(n);
+  for (int i = 0; i < n; ++i) {
+    for (auto& v : in[i]) v = H(normal(rng) * 3.0f).x;
+    ptrs.push_back(in[i].data());
+    w[i] = 1.0 / (i + 1.5);
+  }
+  std::vector<std::uint16_t> out(count);
+  weightedSum(type, out.data(), ptrs.data(), w.data(), n, count);
+  for (std::size_t k = 0; k < count; ++k) {
+    float acc =
+        static_cast<float>(w[0]) * static_cast<float>(H(in[0][k], typename H::from_bits_t{}));
+    for (int i = 1; i < n; ++i)
+      acc += static_cast<float>(w[i]) * static_cast<float>(H(in[i][k], typename H::from_bits_t{}));
+    ASSERT_EQ(out[k], H(acc).x) << "element " << k << " of " << count << ", n = " << n;
+  }
+}
+
+TEST(WeightedSum, BFloat16AndFloat16SumInFloatAndRoundOnceAsLibTorchRounds) {
+  for (int n : {1, 2, 3, 5}) {
+    for (std::size_t count : {1u, 7u, 512u, 513u, 2000u}) {
+      checkHalfWeightedSum<c10::BFloat16>(ElementType::kBFloat16, n, count);
+      checkHalfWeightedSum<c10::Half>(ElementType::kFloat16, n, count);
+    }
+  }
+  // NaN stays NaN through the rounding.
+  const std::uint16_t nan = c10::BFloat16(std::numeric_limits<float>::quiet_NaN()).x;
+  const void* p = &nan;
+  const double one = 1;
+  std::uint16_t out = 0;
+  weightedSum(ElementType::kBFloat16, &out, &p, &one, 1, 1);
+  EXPECT_TRUE(std::isnan(static_cast<float>(c10::BFloat16(out, c10::BFloat16::from_bits()))));
+}
+
+TEST(AllFinite, FindsNanAndInfinityInHalfTypes) {
+  for (const auto type : {ElementType::kBFloat16, ElementType::kFloat16}) {
+    const auto bits = [&](float v) {
+      return type == ElementType::kBFloat16 ? c10::BFloat16(v).x : c10::Half(v).x;
+    };
+    std::vector<std::uint16_t> v(100, bits(1.5f));
+    EXPECT_TRUE(allFinite(type, v.data(), v.size()));
+    v[37] = bits(std::numeric_limits<float>::infinity());
+    EXPECT_FALSE(allFinite(type, v.data(), v.size()));
+    v[37] = bits(-std::numeric_limits<float>::quiet_NaN());
+    EXPECT_FALSE(allFinite(type, v.data(), v.size()));
+    v[37] = bits(65504.0f);  // the largest finite fp16
+    EXPECT_TRUE(allFinite(type, v.data(), v.size()));
+  }
 }
 
 }  // namespace
