@@ -173,3 +173,40 @@ def test_accumulation_is_the_gradient_of_every_micro_batch(weighting):
     assert report.samples == 60
     for p, g in zip(model.parameters(), want):
         torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 3e-2)])
+def test_bfloat16_model_with_a_float32_layer(dtype, tol):
+    """A bf16 MLP with a float32 LayerNorm: .grad within a few bf16 epsilons of
+    float64 autograd from the same weights, each parameter in its own dtype."""
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    model = model.to(dtype)
+    norm = torch.nn.LayerNorm(3)  # float32
+
+    class Mixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.norm = model, norm
+
+        def forward(self, x):
+            return self.norm(self.body(x.to(dtype)).float())
+
+    mixed = Mixed()
+    x, y = data(24)
+    exact = copy.deepcopy(mixed).double()
+    exact.body.to(torch.float64)
+    torch.nn.functional.mse_loss(
+        exact.norm(exact.body(x.double())), y.double()).backward()
+    want = [p.grad for p in exact.parameters()]
+
+    def shard(ctx):
+        lo, hi = 12 * ctx.rank, 12 * (ctx.rank + 1)
+        return torch.nn.functional.mse_loss(mixed(x[lo:hi]), y[lo:hi]), hi - lo
+
+    with gradagg.Aggregator(mixed, shard, workers=2) as agg:
+        agg.step()
+    for p, g in zip(mixed.parameters(), want):
+        assert p.grad.dtype == p.dtype
+        err = (p.grad.double() - g).norm() / g.norm()
+        assert err < tol, (p.shape, float(err))

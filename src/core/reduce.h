@@ -54,6 +54,11 @@ void reduceRange(const std::vector<FlatTensor>& params, ByteRange range, std::by
 void weightedSum(ElementType type, void* out, const void* const* in, const double* w, int n,
                  std::size_t count);
 
+// bf16 and fp16 have hand-vectorised paths (AVX-512, AVX2 + F16C) picked at
+// run time; all give the same bits. Tests force each in turn; kBest otherwise.
+enum class HalfPath { kBest, kAvx2, kPortable };
+void setHalfPathForTests(HalfPath path);
+
 // True when none of the `count` elements is NaN or infinite.
 bool allFinite(ElementType type, const void* data, std::size_t count);
 

@@ -123,12 +123,17 @@ void checkHalfWeightedSum(ElementType type, int n, std::size_t count) {
 }
 
 TEST(WeightedSum, BFloat16AndFloat16SumInFloatAndRoundOnceAsLibTorchRounds) {
-  for (int n : {1, 2, 3, 5}) {
-    for (std::size_t count : {1u, 7u, 512u, 513u, 2000u}) {
-      checkHalfWeightedSum<c10::BFloat16>(ElementType::kBFloat16, n, count);
-      checkHalfWeightedSum<c10::Half>(ElementType::kFloat16, n, count);
+  // Every vectorised path this CPU has, and the portable one: the same bits.
+  for (const HalfPath path : {HalfPath::kBest, HalfPath::kAvx2, HalfPath::kPortable}) {
+    setHalfPathForTests(path);
+    for (int n : {1, 2, 3, 5}) {
+      for (std::size_t count : {1u, 7u, 15u, 16u, 17u, 512u, 513u, 2000u}) {
+        checkHalfWeightedSum<c10::BFloat16>(ElementType::kBFloat16, n, count);
+        checkHalfWeightedSum<c10::Half>(ElementType::kFloat16, n, count);
+      }
     }
   }
+  setHalfPathForTests(HalfPath::kBest);
   // NaN stays NaN through the rounding.
   const std::uint16_t nan = c10::BFloat16(std::numeric_limits<float>::quiet_NaN()).x;
   const void* p = &nan;
