@@ -130,6 +130,7 @@ struct Config {
   bool short_run = false;
   int cores = 1;
   std::string reduce_dtype = "float32";  // reduce-only: float32, bf16 or fp16
+  int accumulate = 1;                    // shm: micro-batches per worker and step
 };
 
 int peerThreads(const Config& cfg) { return std::max(1, cfg.cores / cfg.workers); }
@@ -210,13 +211,16 @@ Row runSingle(const ModelSpec& spec, const Data& data, const Config& cfg) {
 // ---- shm (gradagg) -------------------------------------------------------------
 
 // The shard function of the gradagg modes: global worker g of G takes its share
-// of the batch (on one node the global rank is the rank).
+// of the batch (on one node the global rank is the rank); accumulating, its
+// micro-batch i of k is the i-th k-th of that share.
 gradagg::ShardFn shmShard(Mlp& model, const Data& data, const ModelSpec& spec) {
   return [&model, &data, &spec](const gradagg::ShardContext& ctx) {
     const Shard sh = shardOf(spec.batch, ctx.global_rank, ctx.global_workers);
+    const std::int64_t len = sh.end - sh.begin;
+    const std::int64_t begin = sh.begin + len * ctx.micro_step / ctx.micro_steps;
+    const std::int64_t end = sh.begin + len * (ctx.micro_step + 1) / ctx.micro_steps;
     return gradagg::ShardResult{
-        loss(model, data.x.slice(0, sh.begin, sh.end), data.y.slice(0, sh.begin, sh.end)),
-        sh.end - sh.begin};
+        loss(model, data.x.slice(0, begin, end), data.y.slice(0, begin, end)), end - begin};
   };
 }
 
@@ -225,6 +229,7 @@ Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
   torch::optim::SGD opt(model->parameters(), kLearningRate);
   gradagg::Options options;
   options.workers = cfg.workers;
+  options.accumulation_steps = cfg.accumulate;
   gradagg::Aggregator agg(*model, shmShard(model, data, spec), options);
   std::vector<double> total, reduce, sync, compute, publish, worker, optimizer, slot_ms;
   for (int s = 0; s < cfg.warmup + cfg.steps; ++s) {
@@ -262,6 +267,7 @@ Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
   row.extra["slot_ms"] = median(slot_ms);
   row.extra["publish_ms"] = median(publish);
   row.extra["optimizer_ms"] = median(optimizer);
+  if (cfg.accumulate > 1) row.mode += "-acc" + std::to_string(cfg.accumulate);  // shm-acc4
   return row;
 }
 
@@ -591,6 +597,10 @@ int run(int argc, char** argv) {
   app.add_option("--modes", modes,
                  "comma list of single, shm, gloo, shm-2nodes, reduce-only (default all)");
   app.add_option("--json", cfg.json, "write one JSON object per configuration (JSON Lines) here");
+  app.add_option("--accumulate", cfg.accumulate,
+                 "shm: each worker's share of the batch as this many micro-batches, accumulated "
+                 "(Options::accumulation_steps)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--reduce-dtype", cfg.reduce_dtype,
                  "element type of the reduce-only slots: float32, bf16 or fp16")
       ->check(CLI::IsMember({"float32", "bf16", "fp16"}));
