@@ -17,6 +17,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -232,6 +233,8 @@ Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
   options.accumulation_steps = cfg.accumulate;
   gradagg::Aggregator agg(*model, shmShard(model, data, spec), options);
   std::vector<double> total, reduce, sync, compute, publish, worker, optimizer, slot_ms;
+  // The per-phase breakdown of a step (worker 0's phases; the parent's publish and apply).
+  std::map<std::string, std::vector<double>> phases;
   for (int s = 0; s < cfg.warmup + cfg.steps; ++s) {
     const auto t0 = Clock::now();
     const gradagg::StepReport& r = agg.step();
@@ -256,6 +259,16 @@ Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
     compute.push_back(r.compute_ms);
     publish.push_back(r.publish_ms);
     worker.push_back(slowest);
+    const gradagg::WorkerReport& w0 = r.workers.front();
+    for (const auto& [name, value] : {std::pair<const char*, double>{"phase_wake_ms", w0.wake_ms},
+                                      {"phase_load_ms", w0.load_ms},
+                                      {"phase_shard_ms", w0.shard_ms},
+                                      {"phase_backward_ms", w0.backward_ms},
+                                      {"phase_write_ms", w0.write_ms},
+                                      {"phase_barrier_ms", w0.barrier_ms},
+                                      {"phase_reduce_ms", w0.reduce_ms},
+                                      {"phase_apply_ms", r.apply_ms}})
+      phases[name].push_back(value);
   }
   Row row = makeRow(spec, "shm", cfg.workers, agg.options().resolvedThreadsPerWorker(), cfg.steps);
   row.ms_per_step = median(total);
@@ -267,6 +280,7 @@ Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
   row.extra["slot_ms"] = median(slot_ms);
   row.extra["publish_ms"] = median(publish);
   row.extra["optimizer_ms"] = median(optimizer);
+  for (auto& [name, values] : phases) row.extra[name] = median(values);
   if (cfg.accumulate > 1) row.mode += "-acc" + std::to_string(cfg.accumulate);  // shm-acc4
   return row;
 }
