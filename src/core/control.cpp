@@ -18,6 +18,10 @@ namespace {
 const std::chrono::nanoseconds kSpin = spinBudget(std::chrono::microseconds(200));
 // How often the parent checks its workers, and a worker its parent, while blocked.
 constexpr auto kLivenessSlice = std::chrono::milliseconds(50);
+// A slice that took this much longer than asked means nobody could run: the job
+// was stopped (Ctrl-Z, SIGSTOP to the group) or the machine paused. That time
+// does not count against a deadline: suspension is not a failure.
+constexpr auto kSuspendedGap = std::chrono::seconds(1);
 constexpr auto kParentCheck = std::chrono::milliseconds(100);
 }  // namespace
 
@@ -87,8 +91,9 @@ void ParentChannel::command(std::initializer_list<ArriveLine> lines) {
 void ParentChannel::await(const std::atomic<std::uint32_t>& line, std::chrono::milliseconds timeout,
                           const Awaited& what) {
   const auto begin = Clock::now();
-  const auto deadline = begin + timeout;
+  auto deadline = begin + timeout;
   spinUntilEqual(line, 0, spin_.budget());
+  auto last = Clock::now();
   for (;;) {
     const std::uint32_t left = line.load(std::memory_order_acquire);
     if (left == 0) {
@@ -98,6 +103,9 @@ void ParentChannel::await(const std::atomic<std::uint32_t>& line, std::chrono::m
     checkAlive(what);
     checkInterrupt(what);
     const auto now = Clock::now();
+    const auto gap = now - last - kLivenessSlice;
+    if (gap > kSuspendedGap) deadline += gap;  // we were stopped, not the workers late
+    last = now;
     if (now >= deadline) {
       const int k = lateRank();
       fail<StepTimeout>(k, fmt::format("gradagg: {} {} did not finish {} within {} ms (it is in "
