@@ -30,6 +30,7 @@
 
 #include <gradagg/gradagg.h>
 
+#include "core/model_binding.h"
 #include "core/temp_dir.h"
 #include "forked_peers.h"
 #include "gloo_peer.h"
@@ -467,19 +468,13 @@ std::vector<double> timeCalls(int samples, int repeat, Fn&& fn) {
   return ms;
 }
 
-// bf16 / fp16 bits of 0.5 * (r + 1) for r < 4: exact in every dtype.
-std::uint16_t halfBits(detail::ElementType type, float v) {
-  const at::Tensor t =
-      at::full({1}, v, type == detail::ElementType::kBFloat16 ? at::kBFloat16 : at::kHalf);
-  return *static_cast<const std::uint16_t*>(t.data_ptr());
-}
-
 Row runReduceOnly(const ModelSpec& spec, const Config& cfg) {
   const int n = cfg.workers;
   const auto P = static_cast<std::size_t>(paramCount(spec));
-  const detail::ElementType type = cfg.reduce_dtype == "bf16"   ? detail::ElementType::kBFloat16
-                                   : cfg.reduce_dtype == "fp16" ? detail::ElementType::kFloat16
-                                                                : detail::ElementType::kFloat32;
+  const at::ScalarType dtype = cfg.reduce_dtype == "bf16"   ? at::kBFloat16
+                               : cfg.reduce_dtype == "fp16" ? at::kHalf
+                                                            : at::kFloat;
+  const detail::ElementType type = detail::elementTypeOf(dtype);
   const std::size_t esize = detail::elementBytes(type);
   // The reduction reads n slots and writes one result; c = a + b reads two
   // arrays and writes one: size it to move as many bytes.
@@ -488,20 +483,14 @@ Row runReduceOnly(const ModelSpec& spec, const Config& cfg) {
   const double stream_bytes = 3.0 * static_cast<double>(stream_count * sizeof(float));
 
   // Slot r holds 0.5 * (r + 1) everywhere, in the chosen dtype.
-  std::vector<std::vector<std::byte>> slots(n, std::vector<std::byte>(P * esize));
+  const auto size = static_cast<std::int64_t>(P);
+  std::vector<at::Tensor> slots;
   std::vector<const void*> inputs;
   for (int r = 0; r < n; ++r) {
-    const float v = 0.5f * static_cast<float>(r + 1);
-    if (esize == 4) {
-      auto* p = reinterpret_cast<float*>(slots[r].data());
-      std::fill(p, p + P, v);
-    } else {
-      auto* p = reinterpret_cast<std::uint16_t*>(slots[r].data());
-      std::fill(p, p + P, halfBits(type, v));
-    }
-    inputs.push_back(slots[r].data());
+    slots.push_back(at::full({size}, 0.5 * (r + 1), at::TensorOptions().dtype(dtype)));
+    inputs.push_back(slots.back().data_ptr());
   }
-  std::vector<std::byte> out(P * esize);
+  at::Tensor out = at::empty({size}, at::TensorOptions().dtype(dtype));
   std::vector<float> a(stream_count, 1.0f), b(stream_count, 2.0f), c(stream_count);
   const std::vector<double> weights(n, 1.0 / n);
 
@@ -512,7 +501,7 @@ Row runReduceOnly(const ModelSpec& spec, const Config& cfg) {
   std::vector<double> reduce_ms, stream_ms;
   for (int s = -1; s < samples; ++s) {  // s == -1: warm-up; interleaved so both see the same noise
     const auto r = timeCalls(
-        1, repeat, [&] { reduceSlots(type, out.data(), inputs.data(), weights.data(), n, P); });
+        1, repeat, [&] { reduceSlots(type, out.data_ptr(), inputs.data(), weights.data(), n, P); });
     const auto st =
         timeCalls(1, repeat, [&] { streamAdd(c.data(), a.data(), b.data(), stream_count, n); });
     if (s < 0) continue;
@@ -520,14 +509,7 @@ Row runReduceOnly(const ModelSpec& spec, const Config& cfg) {
     stream_ms.push_back(st[0]);
   }
   // The mean of 0.5 * (r + 1) over r < n is 0.25 * (n + 1), exact in every dtype for n <= 4.
-  const float mid =
-      esize == 4 ? reinterpret_cast<const float*>(out.data())[P / 2]
-      : type == detail::ElementType::kBFloat16
-          ? static_cast<float>(
-                c10::BFloat16(reinterpret_cast<const std::uint16_t*>(out.data())[P / 2],
-                              c10::BFloat16::from_bits()))
-          : static_cast<float>(c10::Half(reinterpret_cast<const std::uint16_t*>(out.data())[P / 2],
-                                         c10::Half::from_bits()));
+  const float mid = out[size / 2].item<float>();
   if ((n <= 4 && mid != 0.25f * static_cast<float>(n + 1)) || mid <= 0 ||
       c[stream_count / 2] != 3.0f)
     throw std::logic_error("reduce-only: wrong sums");

@@ -2,14 +2,17 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include <ATen/ATen.h>
 
 namespace gradagg::detail {
 
 namespace {
+// The floating dtypes the reduction sums: the parameters' ones.
 bool isReducible(c10::ScalarType t) {
-  return t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf;
+  return std::find(std::begin(kParameterDtypes), std::end(kParameterDtypes), t) !=
+         std::end(kParameterDtypes);
 }
 }  // namespace
 

@@ -297,7 +297,7 @@ class Worker {
       ok = ok && c.status == static_cast<std::uint32_t>(SlotStatus::kOk);
       samples_[r] = c.samples;
     }
-    const bool equal = s_.options->weighting == Weighting::kEqual;
+    const bool equal = equalWeights();
     double total = 0;
     for (int r = 0; r < n_; ++r) total += equal ? 1.0 : static_cast<double>(samples_[r]);
     if (ok) computeWeights(equal, samples_.data(), n_, weights_.data(), s_.placement.normalize);

@@ -7,7 +7,9 @@
 
 #include <c10/util/Half.h>
 
-#if defined(__x86_64__)
+// GCC on x86-64: function multiversioning and the hand-vectorised half paths.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define GRADAGG_X86_GCC 1
 #include <immintrin.h>
 #endif
 
@@ -92,11 +94,21 @@ bool allFiniteBits(const Bits* data, std::size_t count, Bits exponent) {
 // The loops compiled twice, for AVX2 and for the x86-64 baseline, picked at load
 // time. Neither uses FMA, so both round exactly alike: results do not depend on
 // which one runs.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#ifdef GRADAGG_X86_GCC
 #define GRADAGG_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define GRADAGG_CLONES
 #endif
+
+// Elements [k, count) of a hand-vectorised half path: the portable loop.
+template <bool kBf16>
+void halfTail(std::uint16_t* out, const void* const* in, const double* w, int n, std::size_t count,
+              std::size_t k) {
+  if (k >= count) return;
+  std::array<const void*, kMaxSlots> rest{};
+  for (int i = 0; i < n; ++i) rest[i] = static_cast<const std::uint16_t*>(in[i]) + k;
+  weightedSumHalfT<kBf16>(out + k, rest.data(), w, n, count - k);
+}
 
 GRADAGG_CLONES void weightedSumF32(float* out, const void* const* in, const double* w, int n,
                                    std::size_t count) {
@@ -113,7 +125,7 @@ GRADAGG_CLONES void weightedSumBf16Portable(std::uint16_t* out, const void* cons
   weightedSumHalfT<true>(out, in, w, n, count);
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#ifdef GRADAGG_X86_GCC
 // The same loop in AVX2 by hand (the compiler does not vectorise the widening
 // and the rounding well): 8 elements at a time, the same operations in the
 // same order as weightedSumHalfT<true>, so the same bits.
@@ -143,15 +155,9 @@ __attribute__((target("avx2"))) void weightedSumBf16Avx2(std::uint16_t* out, con
         _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k), packed);
   }
-  if (k < count) {
-    const void* rest[kMaxSlots];
-    for (int i = 0; i < n; ++i) rest[i] = static_cast<const std::uint16_t*>(in[i]) + k;
-    weightedSumHalfT<true>(out + k, rest, w, n, count - k);
-  }
+  halfTail<true>(out, in, w, n, count, k);
 }
-#endif
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 // And in AVX-512 (F + BW), 16 elements at a time: the widening and the
 // rounding are compute, not memory, at 8 lanes on this machine's cores.
 __attribute__((target("avx512f,avx512bw"))) void weightedSumBf16Avx512(std::uint16_t* out,
@@ -179,11 +185,7 @@ __attribute__((target("avx512f,avx512bw"))) void weightedSumBf16Avx512(std::uint
     const __m512i bits = _mm512_mask_blend_epi32(nan, rounded, quiet_nan);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k), _mm512_cvtepi32_epi16(bits));
   }
-  if (k < count) {
-    const void* rest[kMaxSlots];
-    for (int i = 0; i < n; ++i) rest[i] = static_cast<const std::uint16_t*>(in[i]) + k;
-    weightedSumHalfT<true>(out + k, rest, w, n, count - k);
-  }
+  halfTail<true>(out, in, w, n, count, k);
 }
 #endif
 
@@ -191,7 +193,7 @@ std::atomic<HalfPath> half_path{HalfPath::kBest};
 
 void weightedSumBf16(std::uint16_t* out, const void* const* in, const double* w, int n,
                      std::size_t count) {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#ifdef GRADAGG_X86_GCC
   static const bool avx512 =
       __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
   static const bool avx2 = __builtin_cpu_supports("avx2");
@@ -207,7 +209,7 @@ GRADAGG_CLONES void weightedSumF16Portable(std::uint16_t* out, const void* const
   weightedSumHalfT<false>(out, in, w, n, count);
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#ifdef GRADAGG_X86_GCC
 // fp16 <-> float in hardware (F16C: round to nearest even, as c10's conversion
 // for every non-NaN value); c10's portable conversion does not vectorise.
 __attribute__((target("avx2,f16c"))) void weightedSumF16C(std::uint16_t* out, const void* const* in,
@@ -225,17 +227,13 @@ __attribute__((target("avx2,f16c"))) void weightedSumF16C(std::uint16_t* out, co
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + k),
                      _mm256_cvtps_ph(acc, _MM_FROUND_TO_NEAREST_INT));
   }
-  if (k < count) {
-    const void* rest[kMaxSlots];
-    for (int i = 0; i < n; ++i) rest[i] = static_cast<const std::uint16_t*>(in[i]) + k;
-    weightedSumHalfT<false>(out + k, rest, w, n, count - k);
-  }
+  halfTail<false>(out, in, w, n, count, k);
 }
 #endif
 
 void weightedSumF16(std::uint16_t* out, const void* const* in, const double* w, int n,
                     std::size_t count) {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#ifdef GRADAGG_X86_GCC
   static const bool f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
   if (f16c && half_path.load(std::memory_order_relaxed) != HalfPath::kPortable)
     return weightedSumF16C(out, in, w, n, count);

@@ -21,6 +21,17 @@ namespace gradagg::detail {
 
 namespace {
 
+// The cross-node collective carries float32 and float64 runs only: a bf16 or
+// fp16 parameter is refused before the rendezvous, so every node fails alike.
+void requireWideDtypes(const ModelBinding& binding) {
+  for (const TensorEntry& p : binding.params())
+    if (p.dtype != at::kFloat && p.dtype != at::kDouble)
+      throw InvalidArgument(fmt::format(
+          "parameter '{}' is {}: across nodes gradagg serves float32 and float64 parameters "
+          "only (one node serves bfloat16 and float16 too)",
+          p.name, c10::toString(p.dtype)));
+}
+
 std::string describeLayout(const ModelBinding& binding) {
   std::string out;
   for (const auto* list : {&binding.params(), &binding.buffers()}) {
@@ -99,7 +110,7 @@ std::uint64_t fnv1a(const std::byte* p, std::size_t n, std::uint64_t h) {
 
 CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBinding& binding,
                      const SegmentMap& segment, int workers)
-    : group_(options),
+    : group_((requireWideDtypes(binding), options)),
       binding_(binding),
       segment_(segment),
       checksum_interval_(options.checksum_interval),

@@ -77,9 +77,7 @@ TEST_F(GradaggTest, AccumulatedTrainingMatchesOneProcessStepForStep) {
   options.accumulation_steps = kMicro;
   gradagg::Aggregator agg(*model, microShards(*model, data, pieceBounds()), options);
   for (int s = 0; s < 5; ++s) {
-    single_opt.zero_grad();
-    single->loss(single->forward(data.x), data.y).backward();
-    single_opt.step();
+    stepOneProcess(*single, single_opt, data);
     agg.step();
     opt.step();
     expectClose(paramsOf(*model), paramsOf(*single), 1e-5, "after step " + std::to_string(s));

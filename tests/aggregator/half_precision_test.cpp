@@ -2,6 +2,8 @@
 // slots in float, the result rounded once. Compared with float64 autograd on
 // the same (rounded) weights: gradagg's error is that of one process computing
 // in the same dtype, within the dtype's tolerance.
+#include "core/temp_dir.h"
+#include "support/expect_throws.h"
 #include "support/support.h"
 
 namespace gradagg_test {
@@ -110,9 +112,7 @@ TEST_F(GradaggTest, BFloat16MlpTrainsLikeOneProcess) {
   options.workers = 2;
   gradagg::Aggregator agg(*model, shardFn(*model, data, shardBounds(32, 2, false)), options);
   for (int s = 0; s < 5; ++s) {
-    single_opt.zero_grad();
-    single->loss(single->forward(data.x), data.y).backward();
-    single_opt.step();
+    stepOneProcess(*single, single_opt, data);
     agg.step();
     opt.step();
   }
@@ -135,6 +135,22 @@ TEST_F(GradaggTest, NonFiniteBFloat16GradientIsFound) {
       },
       options);
   EXPECT_THROW(agg.step(), gradagg::NonFiniteGradient);
+}
+
+TEST_F(GradaggTest, BFloat16AcrossNodesIsRefusedBeforeTheRendezvous) {
+  auto model = makeModel(ModelKind::kMlp, torch::kBFloat16);
+  const Data data = makeData(ModelKind::kMlp, 8, torch::kBFloat16);
+  gradagg::detail::TempDir dir("half-nodes");
+  gradagg::Options options;
+  options.nodes.nodes = 2;  // no node 1 will come: the check must not wait for it
+  options.nodes.store_path = dir.path() + "/store";
+  const auto begin = std::chrono::steady_clock::now();
+  expectThrows<gradagg::InvalidArgument>(
+      [&] {
+        gradagg::Aggregator agg(*model, shardFn(*model, data, shardBounds(8, 2, false)), options);
+      },
+      "'fc1.weight' is BFloat16");
+  EXPECT_LT(std::chrono::steady_clock::now() - begin, std::chrono::seconds(5));
 }
 
 }  // namespace

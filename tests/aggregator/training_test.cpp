@@ -36,9 +36,7 @@ TEST_P(Training, MatchesSingleProcessStepForStep) {
   // Errors compound over steps; fp32 rounding of Adam's update: 1e-5, fp64: 1e-11.
   const double tol = dtype == torch::kFloat ? 1e-5 : 1e-11;
   for (int s = 0; s < steps; ++s) {
-    single_opt->zero_grad();
-    single->loss(single->forward(data.x), data.y).backward();
-    single_opt->step();
+    stepOneProcess(*single, *single_opt, data);
 
     optimizer->zero_grad();
     agg.step();

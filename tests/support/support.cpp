@@ -183,6 +183,12 @@ std::vector<torch::Tensor> fullBatchGrads(TestModel& model, const Data& data) {
   return gradsOf(*ref);
 }
 
+void stepOneProcess(TestModel& model, torch::optim::Optimizer& opt, const Data& data) {
+  opt.zero_grad();
+  model.loss(model.forward(data.x), data.y).backward();
+  opt.step();
+}
+
 std::vector<torch::Tensor> perShardGrads(TestModel& model, const Data& data,
                                          const std::vector<int64_t>& bounds, bool by_samples) {
   // Each shard on its own copy of the model (the parent's buffers, as every

@@ -50,6 +50,8 @@ std::vector<torch::Tensor> fullBatchGrads(TestModel& model, const Data& data);
 std::vector<torch::Tensor> perShardGrads(TestModel& model, const Data& data,
                                          const std::vector<int64_t>& bounds, bool by_samples);
 std::vector<torch::Tensor> gradsOf(torch::nn::Module& model);
+// The reference step: one optimizer step of `model` on the whole batch, in this process.
+void stepOneProcess(TestModel& model, torch::optim::Optimizer& opt, const Data& data);
 // The parameters' values (detached clones).
 std::vector<torch::Tensor> paramsOf(torch::nn::Module& model);
 // Same sizes and the same bits, tensor by tensor.
