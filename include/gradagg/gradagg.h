@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gradagg/aggregator.h>
+#include <gradagg/checkpoint.h>
 #include <gradagg/errors.h>
 #include <gradagg/model.h>
 #include <gradagg/options.h>

@@ -193,7 +193,10 @@ class Population {
   // Any member's latest complete snapshot (also after a WorkerDied).
   MemberSnapshot snapshot(int rank) const;
   // The whole population (weights, optimizer states, hyperparameters, scores)
-  // to `path` with torch::save; resume with PopulationOptions::resume_from.
+  // to `path`, written like a gradagg::Checkpoint (temporary file, fsync,
+  // rename, CRC-64; gradagg/checkpoint.h); resume with
+  // PopulationOptions::resume_from (a corrupt file is a CheckpointError).
+  // Throws CheckpointError when it cannot be written; `path` is then untouched.
   void checkpoint(const std::string& path) const;
 
   void shutdown();

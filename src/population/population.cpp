@@ -19,6 +19,9 @@
 #include <torch/serialize/archive.h>
 #include <nlohmann/json.hpp>
 
+#include <gradagg/checkpoint.h>
+
+#include "checkpoint/durable_file.h"
 #include "core/check.h"
 #include "core/control.h"
 #include "core/process.h"
@@ -302,13 +305,25 @@ struct Population::Impl {
               true);
       root.write(fmt::format("member{}", r), a);
     }
-    root.save_to(path);
+    std::string payload;
+    root.save_to([&](const void* data, std::size_t n) {
+      payload.append(static_cast<const char*>(data), n);
+      return n;
+    });
+    writeDurably(path, payload);
   }
 
   // Before fork: each member's checkpointed state becomes its latest snapshot.
   void loadCheckpoint(const std::string& path) {
     torch::serialize::InputArchive root;
-    root.load_from(path);
+    const std::string payload = readVerified(path);
+    try {
+      root.load_from(payload.data(), payload.size());
+    } catch (const c10::Error& e) {
+      throw CheckpointError(fmt::format("gradagg: checkpoint {}: cannot be parsed: {}", path,
+                                        e.what_without_backtrace()),
+                            path);
+    }
     at::Tensor workers;
     root.read("workers", workers);
     if (workers.item<std::int64_t>() != options.workers)

@@ -1,0 +1,99 @@
+// Checkpoint: a training's state in one file — the model's parameters and
+// buffers, the optimizer's state, the position (steps done), LibTorch's default
+// CPU generator, the application's metadata and the settings a resume must
+// share — written so that a crash, a full disk or a kill at any moment leaves
+// either the previous checkpoint or the new one, never a mix:
+//
+//   1. the content is serialised in memory (a torch::serialize archive);
+//   2. it is written to "<path>.tmp-<pid>" with a header that holds its length
+//      and a CRC-64 of it, the file is fsync'ed and closed;
+//   3. the file is renamed over <path> and the directory fsync'ed.
+// Any failure (ENOSPC, EFBIG, EIO, ...) is a CheckpointError naming the file and
+// the step that failed; the temporary file is removed and <path> is untouched.
+//
+// Loading reads the whole file, checks the header and the CRC before LibTorch
+// parses anything (a corrupt or truncated file is a CheckpointError naming it,
+// never garbage), compares the saved settings with the caller's, then copies
+// every parameter and buffer by name (a missing one or a shape/dtype mismatch
+// is a CheckpointError naming it) and loads the optimizer.
+//
+// The constructor checks that the file can be written (its directory exists
+// and accepts a new file), so a bad path fails when the run starts, not at its
+// first save. Across nodes every node holds the same bits: let node 0 save (the
+// examples do), let every node load the same file, and give
+// NodeOptions::resume_identity = identity() so the nodes check at the
+// rendezvous that they all resumed from it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include <gradagg/errors.h>
+#include <gradagg/model.h>
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace gradagg {
+
+// Where a run is and what it was started with.
+struct TrainingState {
+  std::int64_t step = 0;  // optimizer steps done in all
+  // The application's own values (epoch sums, a data cursor, ...), as text:
+  // format numbers with fmt's "{}" (shortest round trip) and read them back exactly.
+  std::map<std::string, std::string> metadata;
+  // What a resume must share with the run that saved (seed, batch, data, ...):
+  // load() compares them with the caller's and names the first that differs.
+  std::map<std::string, std::string> settings;
+};
+
+// A checkpoint that cannot be written or read. Names the file; what failed and
+// the operating system's reason are in what().
+class CheckpointError : public Error {
+ public:
+  CheckpointError(const std::string& what, std::string path)
+      : Error(what), path_(std::move(path)) {}
+  const std::string& path() const noexcept { return path_; }
+
+ private:
+  std::string path_;
+};
+
+class Checkpoint {
+ public:
+  // Throws CheckpointError when `path` is empty, is a directory, or its
+  // directory is missing or does not accept a new file (a probe file is
+  // created and removed).
+  explicit Checkpoint(std::string path);
+
+  const std::string& path() const noexcept { return path_; }
+  bool exists() const;
+
+  // Writes model, optimizer (may be null: not saved), state and the default
+  // CPU generator's state as described at the top. Throws CheckpointError.
+  void save(const ModelView& model, const torch::optim::Optimizer* optimizer,
+            const TrainingState& state) const;
+  void save(torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+            const TrainingState& state) const;
+
+  // Verifies and loads into model and optimizer (may be null: not loaded) and
+  // restores the default CPU generator. `settings` must equal the saved ones
+  // (a key missing on either side differs too). Nothing is changed when it
+  // throws CheckpointError, except that the optimizer may be partly loaded
+  // when its own state does not fit it.
+  TrainingState load(const ModelView& model, torch::optim::Optimizer* optimizer,
+                     const std::map<std::string, std::string>& settings) const;
+  TrainingState load(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                     const std::map<std::string, std::string>& settings) const;
+
+  // The identity of the file as it is on disk: its content's CRC-64 and length
+  // in hex ("" when there is no file). Verifies the file like load() does.
+  std::string identity() const;
+
+ private:
+  std::string path_;
+};
+
+}  // namespace gradagg

@@ -1,0 +1,222 @@
+// Checkpoint (include/gradagg/checkpoint.h): what goes into the payload of a
+// durable file (checkpoint/durable_file.h): a torch::serialize archive of
+//   format "gradagg-checkpoint/1", step, rng, names (parameter and buffer
+//   names, '\n'-joined), p<i> / b<i> (their tensors), optimizer (an archive),
+//   metadata, settings (length-prefixed key/value text).
+#include <gradagg/checkpoint.h>
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/ivalue.h>
+#include <fmt/format.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include "checkpoint/durable_file.h"
+#include "core/model_binding.h"
+
+namespace gradagg {
+
+namespace {
+
+constexpr const char* kFormat = "gradagg-checkpoint/1";
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw CheckpointError(fmt::format("gradagg: checkpoint {}: {}", path, what), path);
+}
+
+// Text maps as "<key length>:<key><value length>:<value>...".
+std::string encode(const std::map<std::string, std::string>& m) {
+  std::string out;
+  for (const auto& [k, v] : m) out += fmt::format("{}:{}{}:{}", k.size(), k, v.size(), v);
+  return out;
+}
+
+std::map<std::string, std::string> decode(const std::string& s, const std::string& path) {
+  std::map<std::string, std::string> out;
+  std::size_t pos = 0;
+  auto next = [&]() {
+    const std::size_t colon = s.find(':', pos);
+    if (colon == std::string::npos) fail(path, "its metadata are malformed");
+    const std::size_t n = std::stoull(s.substr(pos, colon - pos));
+    if (colon + 1 + n > s.size()) fail(path, "its metadata are malformed");
+    std::string text = s.substr(colon + 1, n);
+    pos = colon + 1 + n;
+    return text;
+  };
+  while (pos < s.size()) {
+    std::string key = next();
+    out[key] = next();
+  }
+  return out;
+}
+
+std::string joinNames(const ModelView& model) {
+  std::string names;
+  for (const auto& p : model.parameters) names += "p " + p.name + "\n";
+  for (const auto& b : model.buffers) names += "b " + b.name + "\n";
+  return names;
+}
+
+}  // namespace
+
+Checkpoint::Checkpoint(std::string path) : path_(std::move(path)) {
+  detail::checkWritable(path_);
+}
+
+bool Checkpoint::exists() const {
+  struct stat st {};
+  return ::stat(path_.c_str(), &st) == 0;
+}
+
+void Checkpoint::save(const ModelView& model, const torch::optim::Optimizer* optimizer,
+                      const TrainingState& state) const {
+  // 1. The content, in memory.
+  std::string payload;
+  try {
+    torch::serialize::OutputArchive archive;
+    archive.write("format", c10::IValue(std::string(kFormat)));
+    archive.write("step", c10::IValue(state.step));
+    archive.write("names", c10::IValue(joinNames(model)));
+    for (std::size_t i = 0; i < model.parameters.size(); ++i)
+      archive.write(fmt::format("p{}", i), model.parameters[i].tensor.detach());
+    for (std::size_t i = 0; i < model.buffers.size(); ++i)
+      archive.write(fmt::format("b{}", i), model.buffers[i].tensor.detach(), /*is_buffer=*/true);
+    if (optimizer != nullptr) {
+      torch::serialize::OutputArchive nested;
+      optimizer->save(nested);
+      archive.write("optimizer", nested);
+    }
+    archive.write("metadata", c10::IValue(encode(state.metadata)));
+    archive.write("settings", c10::IValue(encode(state.settings)));
+    {
+      auto generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      archive.write("rng", generator.get_state());
+    }
+    archive.save_to([&](const void* data, std::size_t n) {
+      payload.append(static_cast<const char*>(data), n);
+      return n;
+    });
+  } catch (const c10::Error& e) {
+    fail(path_, fmt::format("serialising failed: {}", e.what_without_backtrace()));
+  }
+  detail::writeDurably(path_, payload);
+}
+
+void Checkpoint::save(torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                      const TrainingState& state) const {
+  save(viewOf(model), &optimizer, state);
+}
+
+TrainingState Checkpoint::load(const ModelView& model, torch::optim::Optimizer* optimizer,
+                               const std::map<std::string, std::string>& settings) const {
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) != 0) fail(path_, fmt::format("cannot be read: {}", std::strerror(errno)));
+  const std::string payload = detail::readVerified(path_);
+  torch::serialize::InputArchive archive;
+  TrainingState state;
+  std::vector<at::Tensor> params, buffers;
+  at::Tensor rng;
+  try {
+    archive.load_from(payload.data(), payload.size());
+    c10::IValue v;
+    archive.read("format", v);
+    if (!v.isString() || v.toStringRef() != kFormat)
+      fail(path_, fmt::format("is not a {} file", kFormat));
+    archive.read("settings", v);
+    state.settings = decode(v.toStringRef(), path_);
+    archive.read("metadata", v);
+    state.metadata = decode(v.toStringRef(), path_);
+    archive.read("step", v);
+    state.step = v.toInt();
+    archive.read("names", v);
+    if (v.toStringRef() != joinNames(model)) {
+      // Name the first parameter or buffer that differs.
+      std::istringstream saved(v.toStringRef()), mine(joinNames(model));
+      std::string a, b;
+      while (std::getline(saved, a) && std::getline(mine, b) && a == b) {
+      }
+      fail(path_, fmt::format("holds a different model: '{}' where this model has '{}' "
+                              "(p: parameter, b: buffer, in order)",
+                              a, b));
+    }
+    for (std::size_t i = 0; i < model.parameters.size(); ++i) {
+      params.emplace_back();
+      archive.read(fmt::format("p{}", i), params.back());
+    }
+    for (std::size_t i = 0; i < model.buffers.size(); ++i) {
+      buffers.emplace_back();
+      archive.read(fmt::format("b{}", i), buffers.back(), /*is_buffer=*/true);
+    }
+    archive.read("rng", rng);
+  } catch (const c10::Error& e) {
+    fail(path_, fmt::format("cannot be parsed: {}", e.what_without_backtrace()));
+  }
+  // Settings first, then every shape: nothing is changed before all fit.
+  for (const auto& [key, value] : settings) {
+    const auto it = state.settings.find(key);
+    if (it == state.settings.end() || it->second != value)
+      fail(path_, fmt::format("was written with {} = {}, this run has {} = {}; resume with the "
+                              "settings of the run that saved it",
+                              key, it == state.settings.end() ? "(not set)" : it->second, key,
+                              value));
+  }
+  for (const auto& [key, value] : state.settings)
+    if (settings.count(key) == 0)
+      fail(path_, fmt::format("was written with {} = {}, this run does not set {}", key, value,
+                              key));
+  auto check = [&](const NamedTensor& mine, const at::Tensor& saved) {
+    if (!saved.sizes().equals(mine.tensor.sizes()) ||
+        saved.scalar_type() != mine.tensor.scalar_type())
+      fail(path_, fmt::format("'{}' is {} there, {} in this model", mine.name,
+                              detail::describeShape(saved.sizes(), saved.scalar_type()),
+                              detail::describeShape(mine.tensor.sizes(),
+                                                    mine.tensor.scalar_type())));
+  };
+  for (std::size_t i = 0; i < params.size(); ++i) check(model.parameters[i], params[i]);
+  for (std::size_t i = 0; i < buffers.size(); ++i) check(model.buffers[i], buffers[i]);
+
+  try {
+    if (optimizer != nullptr) {
+      torch::serialize::InputArchive nested;
+      if (!archive.try_read("optimizer", nested))
+        fail(path_, "holds no optimizer state (it was saved without an optimizer)");
+      optimizer->load(nested);
+    }
+  } catch (const c10::Error& e) {
+    fail(path_, fmt::format("its optimizer state does not fit this optimizer: {}",
+                            e.what_without_backtrace()));
+  }
+  {
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < params.size(); ++i) model.parameters[i].tensor.copy_(params[i]);
+    for (std::size_t i = 0; i < buffers.size(); ++i) model.buffers[i].tensor.copy_(buffers[i]);
+  }
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(rng);
+  return state;
+}
+
+TrainingState Checkpoint::load(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                               const std::map<std::string, std::string>& settings) const {
+  return load(viewOf(model), &optimizer, settings);
+}
+
+std::string Checkpoint::identity() const {
+  if (!exists()) return "";
+  std::uint64_t crc = 0;
+  const std::string payload = detail::readVerified(path_, &crc);
+  return fmt::format("{:016x}-{:x}", crc, payload.size());
+}
+
+}  // namespace gradagg

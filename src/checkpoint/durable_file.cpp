@@ -1,0 +1,173 @@
+#include "checkpoint/durable_file.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include <boost/crc.hpp>
+#include <fmt/format.h>
+
+#include <gradagg/checkpoint.h>
+
+namespace gradagg::detail {
+
+namespace {
+
+constexpr char kMagic[16] = {'G', 'R', 'A', 'D', 'A', 'G', 'G', ' ',
+                             'C', 'K', 'P', 'T', ' ', 'v', '1', '\n'};
+constexpr std::size_t kHeaderBytes = 32;
+
+using Crc64 = boost::crc_optimal<64, 0x42F0E1EBA9EA3693ull, ~0ull, ~0ull, true, true>;
+
+std::uint64_t crc64(const char* data, std::size_t n) {
+  Crc64 crc;
+  crc.process_bytes(data, n);
+  return crc.checksum();
+}
+
+std::string osError(int err) { return std::strerror(err); }
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw CheckpointError(fmt::format("gradagg: checkpoint {}: {}", path, what), path);
+}
+
+std::string directoryOf(const std::string& path) {
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+// A file descriptor closed on every path out.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  int release() { return std::exchange(fd, -1); }
+};
+
+// SIGXFSZ ignored while we write, so a file-size limit is EFBIG, not a core
+// dump; the previous disposition is restored after.
+class FileSizeSignalIgnored {
+ public:
+  FileSizeSignalIgnored() {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigemptyset(&ignore.sa_mask);
+    active_ = ::sigaction(SIGXFSZ, &ignore, &previous_) == 0;
+  }
+  ~FileSizeSignalIgnored() {
+    if (active_) ::sigaction(SIGXFSZ, &previous_, nullptr);
+  }
+  FileSizeSignalIgnored(const FileSizeSignalIgnored&) = delete;
+  FileSizeSignalIgnored& operator=(const FileSizeSignalIgnored&) = delete;
+
+ private:
+  struct sigaction previous_ {};
+  bool active_ = false;
+};
+
+void writeAll(int fd, const char* data, std::size_t n, const std::string& path,
+              const std::string& tmp) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0)
+      fail(path, fmt::format("writing {} failed: {}", tmp, osError(w < 0 ? errno : ENOSPC)));
+    data += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+}  // namespace
+
+void checkWritable(const std::string& path) {
+  if (path.empty()) throw CheckpointError("gradagg: checkpoint: the path is empty", path);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) fail(path, "is a directory");
+  const std::string dir = directoryOf(path);
+  if (::stat(dir.c_str(), &st) != 0)
+    fail(path, fmt::format("its directory {} cannot be used: {}", dir, osError(errno)));
+  if (!S_ISDIR(st.st_mode)) fail(path, fmt::format("{} is not a directory", dir));
+  const std::string probe = fmt::format("{}.probe-{}", path, ::getpid());
+  const int fd = ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0)
+    fail(path, fmt::format("cannot be written: creating {} failed: {}", probe, osError(errno)));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+void writeDurably(const std::string& path, const std::string& payload) {
+  char header[kHeaderBytes];
+  std::memcpy(header, kMagic, sizeof kMagic);
+  const std::uint64_t length = payload.size(), crc = crc64(payload.data(), payload.size());
+  std::memcpy(header + 16, &length, 8);
+  std::memcpy(header + 24, &crc, 8);
+
+  // A temporary file beside it, fsync'ed; removed on any failure.
+  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
+  FileSizeSignalIgnored no_sigxfsz;
+  Fd f;
+  f.fd = ::open(tmp.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+  if (f.fd < 0) fail(path, fmt::format("creating {} failed: {}", tmp, osError(errno)));
+  try {
+    writeAll(f.fd, header, sizeof header, path, tmp);
+    writeAll(f.fd, payload.data(), payload.size(), path, tmp);
+    if (::fsync(f.fd) != 0) fail(path, fmt::format("fsync of {} failed: {}", tmp, osError(errno)));
+    if (::close(f.release()) != 0)
+      fail(path, fmt::format("closing {} failed: {}", tmp, osError(errno)));
+    // Renamed over the checkpoint, then the directory fsync'ed.
+    if (::rename(tmp.c_str(), path.c_str()) != 0)
+      fail(path, fmt::format("renaming {} to it failed: {}", tmp, osError(errno)));
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  const std::string dir = directoryOf(path);
+  Fd d;
+  d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (d.fd < 0 || (::fsync(d.fd) != 0 && errno != EINVAL))
+    fail(path,
+         fmt::format("written, but fsync of its directory {} failed: {}", dir, osError(errno)));
+}
+
+std::string readVerified(const std::string& path, std::uint64_t* crc_out) {
+  Fd f;
+  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  struct stat st {};
+  if (f.fd < 0 || ::fstat(f.fd, &st) != 0)
+    fail(path, fmt::format("cannot be opened: {}", osError(errno)));
+  std::string bytes(static_cast<std::size_t>(st.st_size), '\0');
+  for (std::size_t done = 0; done < bytes.size();) {
+    const ssize_t r = ::read(f.fd, bytes.data() + done, bytes.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail(path, fmt::format("reading it failed: {}", osError(errno)));
+    if (r == 0) {
+      bytes.resize(done);  // it shrank while we read
+      break;
+    }
+    done += static_cast<std::size_t>(r);
+  }
+  if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
+    fail(path, "is not a gradagg checkpoint (no \"GRADAGG CKPT v1\" header)");
+  std::uint64_t length = 0, crc = 0;
+  std::memcpy(&length, bytes.data() + 16, 8);
+  std::memcpy(&crc, bytes.data() + 24, 8);
+  if (length != bytes.size() - kHeaderBytes)
+    fail(path, fmt::format("is truncated or corrupt: the header says {} bytes of content, the "
+                           "file has {}",
+                           length, bytes.size() - kHeaderBytes));
+  const std::uint64_t actual = crc64(bytes.data() + kHeaderBytes, length);
+  if (actual != crc)
+    fail(path, fmt::format("is corrupt: its content's CRC-64 is {:016x}, the header says {:016x}",
+                           actual, crc));
+  if (crc_out != nullptr) *crc_out = crc;
+  return bytes.substr(kHeaderBytes);
+}
+
+}  // namespace gradagg::detail
