@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 
 #include <gradagg/errors.h>
@@ -51,6 +52,19 @@ struct NodeOptions {
   // Every this many steps, the nodes compare a checksum of their parameters
   // (GRADAGG_CHECKSUM_INTERVAL); 0 = never.
   int checksum_interval = 100;
+
+  // What every node must agree on before a step runs. At the rendezvous the
+  // nodes compare them; any difference is an InvalidArgument on every node
+  // naming the field and what each node has, before any state changes.
+  //  - start_step: the steps done before this run (a resumed run: the
+  //    checkpoint's TrainingState::step; a fresh one: 0);
+  //  - resume_identity: "" for a fresh start, else Checkpoint::identity() of
+  //    the file this node resumed from (the same file on every node);
+  //  - must_match: the application's settings that change the training
+  //    (seed, data, batch, epochs, ...), as text.
+  std::int64_t start_step = 0;
+  std::string resume_identity;
+  std::map<std::string, std::string> must_match;
 
   // `defaults` overridden by whichever of the variables above are set.
   static NodeOptions fromEnvironment(NodeOptions defaults);

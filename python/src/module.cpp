@@ -291,7 +291,9 @@ void bindOptions(py::module_& m) {
                           "Several machines: see gradagg::NodeOptions (docs/multinode.md).")
       .def(py::init([](int nodes, int node_rank, std::string master_addr, int master_port,
                        std::string store_path, std::string interface, double timeout,
-                       int checksum_interval) {
+                       int checksum_interval, std::int64_t start_step,
+                       std::string resume_identity,
+                       std::map<std::string, std::string> must_match) {
              NodeOptions o;
              o.nodes = nodes;
              o.node_rank = node_rank;
@@ -301,11 +303,15 @@ void bindOptions(py::module_& m) {
              o.interface = std::move(interface);
              o.timeout = millis(timeout, "nodes.timeout");
              o.checksum_interval = checksum_interval;
+             o.start_step = start_step;
+             o.resume_identity = std::move(resume_identity);
+             o.must_match = std::move(must_match);
              return o;
            }),
            py::kw_only(), "nodes"_a = 1, "node_rank"_a = 0, "master_addr"_a = "127.0.0.1",
            "master_port"_a = 29500, "store_path"_a = "", "interface"_a = "", "timeout"_a = 60.0,
-           "checksum_interval"_a = 100)
+           "checksum_interval"_a = 100, "start_step"_a = 0, "resume_identity"_a = "",
+           "must_match"_a = std::map<std::string, std::string>{})
       .def_static(
           "from_environment", [] { return NodeOptions::fromEnvironment(); },
           "The defaults overridden by GRADAGG_NNODES, GRADAGG_NODE_RANK, MASTER_ADDR, "
@@ -321,6 +327,12 @@ void bindOptions(py::module_& m) {
           "timeout", [](const NodeOptions& o) { return seconds(o.timeout); },
           [](NodeOptions& o, double s) { o.timeout = millis(s, "nodes.timeout"); })
       .def_readwrite("checksum_interval", &NodeOptions::checksum_interval)
+      .def_readwrite("start_step", &NodeOptions::start_step,
+                     "steps done before this run; every node must say the same")
+      .def_readwrite("resume_identity", &NodeOptions::resume_identity,
+                     "'' for a fresh start, else the identity of the checkpoint resumed from")
+      .def_readwrite("must_match", &NodeOptions::must_match,
+                     "settings (str -> str) every node must share, compared at the rendezvous")
       .def("__repr__", [](const NodeOptions& o) {
         return fmt::format("NodeOptions(nodes={}, node_rank={}, master_addr='{}', master_port={})",
                            o.nodes, o.node_rank, o.master_addr, o.master_port);

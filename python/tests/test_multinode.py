@@ -55,3 +55,34 @@ def test_two_nodes_match_one_process(tmp_path):
     for a, b, want in zip(nodes[0], nodes[1], single.parameters()):
         assert torch.equal(a, b)  # the nodes agree bit for bit
         torch.testing.assert_close(a, want.detach(), rtol=1e-5, atol=1e-6)
+
+
+DISAGREE = textwrap.dedent("""
+    import sys, torch, gradagg
+    rank, store, seed = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    model = torch.nn.Linear(2, 1)
+    nodes = gradagg.NodeOptions(nodes=2, node_rank=rank, store_path=store, timeout=30,
+                                must_match={"seed": seed})
+    try:
+        gradagg.Aggregator(model, lambda ctx: (model.weight.sum(), 1), workers=1, nodes=nodes)
+    except gradagg.InvalidArgument as e:
+        print("refused:", e)
+        sys.exit(3)
+""")
+
+
+def test_nodes_with_different_settings_are_refused_on_every_node(tmp_path):
+    store = str(tmp_path / "store")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    procs = [subprocess.Popen([sys.executable, "-c", DISAGREE, str(r), store, str(r + 1)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 3, out + err
+            assert "must_match[seed]" in out and "node 0: 1, node 1: 2" in out, out + err
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -22,6 +22,7 @@
 
 #include "checkpoint/durable_file.h"
 #include "core/model_binding.h"
+#include "core/text_map.h"
 
 namespace gradagg {
 
@@ -33,30 +34,10 @@ constexpr const char* kFormat = "gradagg-checkpoint/1";
   throw CheckpointError(fmt::format("gradagg: checkpoint {}: {}", path, what), path);
 }
 
-// Text maps as "<key length>:<key><value length>:<value>...".
-std::string encode(const std::map<std::string, std::string>& m) {
-  std::string out;
-  for (const auto& [k, v] : m) out += fmt::format("{}:{}{}:{}", k.size(), k, v.size(), v);
-  return out;
-}
-
 std::map<std::string, std::string> decode(const std::string& s, const std::string& path) {
-  std::map<std::string, std::string> out;
-  std::size_t pos = 0;
-  auto next = [&]() {
-    const std::size_t colon = s.find(':', pos);
-    if (colon == std::string::npos) fail(path, "its metadata are malformed");
-    const std::size_t n = std::stoull(s.substr(pos, colon - pos));
-    if (colon + 1 + n > s.size()) fail(path, "its metadata are malformed");
-    std::string text = s.substr(colon + 1, n);
-    pos = colon + 1 + n;
-    return text;
-  };
-  while (pos < s.size()) {
-    std::string key = next();
-    out[key] = next();
-  }
-  return out;
+  auto m = detail::decodeTextMap(s);
+  if (!m) fail(path, "its metadata are malformed");
+  return *m;
 }
 
 std::string joinNames(const ModelView& model) {
@@ -95,8 +76,8 @@ void Checkpoint::save(const ModelView& model, const torch::optim::Optimizer* opt
       optimizer->save(nested);
       archive.write("optimizer", nested);
     }
-    archive.write("metadata", c10::IValue(encode(state.metadata)));
-    archive.write("settings", c10::IValue(encode(state.settings)));
+    archive.write("metadata", c10::IValue(detail::encodeTextMap(state.metadata)));
+    archive.write("settings", c10::IValue(detail::encodeTextMap(state.settings)));
     {
       auto generator = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> lock(generator.mutex());

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -16,6 +17,8 @@
 #include <fmt/ranges.h>
 
 #include <gradagg/errors.h>
+
+#include "core/text_map.h"
 
 namespace gradagg::detail {
 
@@ -101,6 +104,48 @@ int workersSharingCores(const std::vector<std::string>& ids, int me) {
   return std::max(total, my_workers);
 }
 
+// What this node says it starts from (NodeOptions' agreement fields), by field name.
+std::map<std::string, std::string> agreementOf(const NodeOptions& o) {
+  std::map<std::string, std::string> fields;
+  fields["start_step"] = std::to_string(o.start_step);
+  fields["resume_identity"] =
+      o.resume_identity.empty() ? "(a fresh start)" : "checkpoint " + o.resume_identity;
+  for (const auto& [key, value] : o.must_match) fields["must_match[" + key + "]"] = value;
+  return fields;
+}
+
+// Every node's agreement fields must be node 0's: else an InvalidArgument (the
+// same on every node, since every node sees every node's fields) naming the
+// first field that differs and what each node has.
+void requireAgreement(const std::vector<std::string>& all, int me) {
+  std::vector<std::map<std::string, std::string>> nodes;
+  for (const std::string& text : all) {
+    auto fields = decodeTextMap(text);
+    if (!fields) throw InternalError("gradagg: a node sent a malformed start-up agreement");
+    nodes.push_back(std::move(*fields));
+  }
+  std::set<std::string> names;
+  for (const auto& n : nodes)
+    for (const auto& [k, v] : n) names.insert(k);
+  for (const std::string& name : names) {
+    std::vector<std::string> values;
+    bool differ = false;
+    for (const auto& n : nodes) {
+      const auto it = n.find(name);
+      values.push_back(it == n.end() ? "(not set)" : it->second);
+      differ = differ || values.back() != values.front();
+    }
+    if (!differ) continue;
+    std::string each;
+    for (std::size_t r = 0; r < values.size(); ++r)
+      each += fmt::format("{}node {}: {}", r == 0 ? "" : ", ", r, values[r]);
+    throw InvalidArgument(fmt::format(
+        "gradagg: the nodes disagree on {} before the first step ({}; this is node {}): start "
+        "every node with the same settings and from the same checkpoint",
+        name, each, me));
+  }
+}
+
 std::uint64_t fnv1a(const std::byte* p, std::size_t n, std::uint64_t h) {
   for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<std::uint8_t>(p[i])) * 1099511628211ull;
   return h;
@@ -124,6 +169,8 @@ CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBindin
         fmt::format("gradagg: node {} has a different model from node 0 (this is node {}): {}", r,
                     group_.rank(), firstDifference(all[r], all[0])));
   }
+  requireAgreement(group_.exchange("agreement", encodeTextMap(agreementOf(options))),
+                   group_.rank());
   const auto ids = group_.exchange("host", hostIdentity(workers));
   for (int r = 0; r < group_.size(); ++r) {
     const int c = std::stoi(ids[r].substr(ids[r].rfind('\n') + 1));
@@ -171,6 +218,7 @@ CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBindin
       sums_[i].push_back(group_.bindSum(runs_[i].back()));
     }
   }
+  group_.endRendezvous();
 }
 
 Placement CrossNode::placement() const {

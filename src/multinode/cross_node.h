@@ -37,9 +37,11 @@ namespace gradagg::detail {
 
 class CrossNode final : public ReductionStage {
  public:
-  // Rendezvous, then: the same model layout on every node (else InvalidArgument
-  // on every node), worker counts exchanged, parameters and buffers broadcast
-  // from node 0 into this node's snapshot.
+  // Rendezvous, then: the same model layout and the same start-up agreement
+  // (NodeOptions::start_step, resume_identity, must_match) on every node (else
+  // InvalidArgument on every node), worker counts exchanged, parameters and
+  // buffers broadcast from node 0 into this node's snapshot; all of it within
+  // options.timeout (else NodeFailed).
   CrossNode(const NodeOptions& options, BufferSync buffers, ModelBinding& binding,
             const SegmentMap& segment, int workers);
 

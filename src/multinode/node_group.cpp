@@ -1,5 +1,8 @@
 #include "multinode/node_group.h"
 
+#include <algorithm>
+#include <thread>
+
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
@@ -40,7 +43,8 @@ class GlooStore final : public ::gloo::rendezvous::Store {
 }  // namespace
 
 struct NodeGroup::Impl {
-  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Store> base;   // the TCPStore or FileStore
+  c10::intrusive_ptr<c10d::Store> store;  // base, under the prefix "gradagg"
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
   // The step's collectives: a gloo context of its own and one bound sum each.
   std::shared_ptr<::gloo::rendezvous::Context> context;
@@ -56,6 +60,14 @@ std::string message(const std::exception& e) {
 
 NodeGroup::NodeGroup(const NodeOptions& o)
     : impl_(std::make_unique<Impl>()), rank_(o.node_rank), size_(o.nodes), timeout_(o.timeout) {
+  // The rendezvous as a whole honours o.timeout: each of its stages (the store,
+  // c10d's group, the step's gloo mesh) gets what is left of it.
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + o.timeout;
+  const auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+  };
   try {
     c10::intrusive_ptr<c10d::Store> base;
     if (!o.store_path.empty()) {
@@ -65,11 +77,29 @@ NodeGroup::NodeGroup(const NodeOptions& o)
       t.port = static_cast<std::uint16_t>(o.master_port);
       t.isServer = o.node_rank == 0;
       t.numWorkers = o.nodes;
-      t.waitWorkers = true;
-      t.timeout = o.timeout;
-      base = c10::make_intrusive<c10d::TCPStore>(o.master_addr, t);
+      t.waitWorkers = false;  // the barrier below waits, with the deadline
+      // c10d's client gives up connecting up to a second or two before its
+      // timeout; a node 0 that starts late still counts until ours.
+      for (;;) {
+        t.timeout = left();
+        try {
+          base = c10::make_intrusive<c10d::TCPStore>(o.master_addr, t);
+          break;
+        } catch (const std::exception&) {
+          if (t.isServer || left() < std::chrono::milliseconds(100)) throw;
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+      }
     }
-    base->setTimeout(o.timeout);
+    // Every node arrives, or none proceeds: a barrier on the store, within the
+    // deadline. After it c10d's group and the gloo mesh connect to nodes known
+    // to be there.
+    base->setTimeout(left());
+    base->set(fmt::format("gradagg/arrived/{}", o.node_rank), std::vector<std::uint8_t>{1});
+    std::vector<std::string> arrived;
+    for (int r = 0; r < o.nodes; ++r) arrived.push_back(fmt::format("gradagg/arrived/{}", r));
+    base->wait(arrived, left());
+    base->setTimeout(left());
     impl_->store = c10::make_intrusive<c10d::PrefixStore>("gradagg", base);
     auto options = c10d::ProcessGroupGloo::Options::create(o.timeout);
     options->devices.push_back(o.interface.empty()
@@ -78,10 +108,14 @@ NodeGroup::NodeGroup(const NodeOptions& o)
     options->threads = 2;
     impl_->group =
         c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, o.node_rank, o.nodes, options);
+    base->setTimeout(left());
     GlooStore step_store(c10::make_intrusive<c10d::PrefixStore>("step", impl_->store));
     impl_->context = std::make_shared<::gloo::rendezvous::Context>(o.node_rank, o.nodes);
-    impl_->context->setTimeout(o.timeout);
+    impl_->context->setTimeout(left());
     impl_->context->connectFullMesh(step_store, options->devices.front());
+    impl_->context->setTimeout(o.timeout);
+    base->setTimeout(left());  // the start-up exchanges; endRendezvous() restores it
+    impl_->base = base;
   } catch (const std::exception& e) {
     throw NodeFailed(
         fmt::format("gradagg: node {} of {}: rendezvous through {} failed within {} ms: {}",
@@ -93,6 +127,8 @@ NodeGroup::NodeGroup(const NodeOptions& o)
         o.node_rank);
   }
 }
+
+void NodeGroup::endRendezvous() { impl_->base->setTimeout(timeout_); }
 
 NodeGroup::~NodeGroup() = default;
 

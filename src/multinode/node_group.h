@@ -17,11 +17,16 @@ namespace gradagg::detail {
 class NodeGroup {
  public:
   // Rendezvous with the other node parents (TCPStore or FileStore). Throws
-  // NodeFailed when it does not complete within options.timeout.
+  // NodeFailed when it does not complete within options.timeout. The store's
+  // operations (exchange) keep what is left of that deadline until
+  // endRendezvous(), so the start-up as a whole honours it.
   explicit NodeGroup(const NodeOptions& options);
   ~NodeGroup();
   NodeGroup(const NodeGroup&) = delete;
   NodeGroup& operator=(const NodeGroup&) = delete;
+
+  // From here on every store operation gets the full options.timeout again.
+  void endRendezvous();
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }

@@ -1,5 +1,8 @@
 #include "node_harness.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -7,6 +10,7 @@
 #include <csignal>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <stdexcept>
 #include <utility>
 
@@ -114,7 +118,12 @@ NodeResult trainNode(const NodeRun& run) {
   o.step_timeout = 60s;
   o.nodes.nodes = run.nodes;
   o.nodes.node_rank = run.node;
-  o.nodes.store_path = run.store;
+  o.nodes.store_path = run.master_port > 0 ? "" : run.store;
+  o.nodes.master_addr = "127.0.0.1";
+  o.nodes.master_port = run.master_port;
+  o.nodes.start_step = run.start_step;
+  o.nodes.resume_identity = run.resume_identity;
+  o.nodes.must_match = run.must_match;
   o.nodes.interface = "lo";
   o.nodes.timeout = run.timeout;
   o.nodes.checksum_interval = 2;
@@ -164,6 +173,7 @@ std::vector<NodeResult> runNodes(std::vector<NodeRun> runs) {
     const pid_t pid = ::fork();
     if (pid == 0) {
       ::close(fds[0]);
+      std::this_thread::sleep_for(run.start_delay);
       const auto t0 = std::chrono::steady_clock::now();
       NodeResult result = trainNode(run);
       result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -188,6 +198,20 @@ std::vector<NodeResult> runNodes(std::vector<NodeRun> runs) {
     ::waitpid(children[i].first, &status, 0);
   }
   return results;
+}
+
+int MultiNode::freePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    port = ntohs(addr.sin_port);
+  ::close(fd);
+  return port;
 }
 
 std::vector<torch::Tensor> trainOneNode(int workers, const NodeRun& like) {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -24,7 +25,13 @@ struct NodeRun {
   int steps = 4;
   bool unequal = false;
   std::string store;
+  std::chrono::milliseconds start_delay{0};  // this node starts that much later
+  int master_port = 0;  // > 0: a TCPStore on 127.0.0.1 at this port instead of the FileStore
   std::chrono::milliseconds timeout{20000};
+  // NodeOptions' start-up agreement.
+  std::int64_t start_step = 0;
+  std::string resume_identity;
+  std::map<std::string, std::string> must_match;
   int kill_self_at_step = -1;   // this node's parent dies (SIGKILL) during that step
   int perturb_after_step = -1;  // this node's parameters drift after that step
   int stop_self_at_step = -1;   // this node's parent stops (SIGSTOP) during that step: a stall
@@ -70,6 +77,8 @@ class MultiNode : public GradaggTest {
  protected:
   // A FileStore path for one group of nodes, in a directory of this test's own.
   std::string store(const std::string& name) const { return dir_.file(name); }
+  // A TCP port free on loopback now.
+  static int freePort();
   gradagg::detail::TempDir dir_{"nodes"};
 };
 
