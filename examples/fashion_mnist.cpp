@@ -7,7 +7,9 @@
 //   fashion_mnist --single --workers 2      # the same model and batches in one process
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <csignal>
 #include <cstdio>
 #include <exception>
@@ -18,13 +20,11 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "exit_status.h"
 #include "fashion_train.h"
 #include "idx.h"
 
 namespace {
-
-volatile std::sig_atomic_t g_interrupted = 0;
-void onInterrupt(int) { g_interrupted = 1; }
 
 std::string duration(double seconds) {
   if (!(seconds >= 0) || seconds > 1e7) return "--:--";
@@ -75,9 +75,7 @@ class ProgressDisplay {
   std::chrono::steady_clock::time_point drawn_{};
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   fashion::TrainConfig config;
   std::string metrics_path;
   CLI::App app{"Fashion-MNIST, Dense(hidden, relu) -> Dense(10), trained by gradagg workers"};
@@ -134,33 +132,31 @@ int main(int argc, char** argv) {
   app.add_option("--stop-after", config.stop_after,
                  "stop after N steps in all, as if interrupted (try --resume)")
       ->check(CLI::NonNegativeNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (const auto done = example::parseCommandLine(app, argc, argv)) return *done;
   if (app.count("--lr") == 0 && config.optimizer == fashion::OptimizerKind::kSgd) config.lr = 0.1;
 
-  // Ctrl-C or SIGTERM: finish the step, write the checkpoint, exit; a second one
-  // kills. A SIGINT that was ignored at start (a background job of a script) stays so.
-  struct sigaction action {
-  }, previous{};
-  action.sa_handler = onInterrupt;
-  action.sa_flags = SA_RESETHAND;
-  sigaction(SIGTERM, &action, nullptr);
-  if (sigaction(SIGINT, nullptr, &previous) == 0 && previous.sa_handler != SIG_IGN) {
-    sigaction(SIGINT, &action, nullptr);
-  }
+  // Ctrl-C, SIGTERM or SIGHUP: finish the step, write the checkpoint, exit
+  // 128 + the signal; a second one kills.
+  example::installStopSignals();
 
   std::ofstream metrics;
+  auto checkMetrics = [&] {
+    if (!metrics)
+      throw gradagg::FileError(fmt::format("--metrics: writing {} failed: {}", metrics_path,
+                                           std::strerror(errno)),
+                               metrics_path);
+  };
   if (!metrics_path.empty()) {
     std::ifstream existing(metrics_path);
     const bool has_header = existing.peek() != std::ifstream::traits_type::eof();
     existing.close();
     metrics.open(metrics_path, std::ios::app);
-    if (!metrics) {
-      fmt::print(stderr, "fashion_mnist: cannot write {}\n", metrics_path);
-      return 1;
-    }
+    checkMetrics();
     if (!has_header) {
       metrics << "epoch,train_loss,test_loss,test_accuracy,train_seconds,epoch_seconds,"
                  "samples_per_s,mode,workers,batch\n";
+      metrics.flush();
+      checkMetrics();
     }
   }
 
@@ -182,44 +178,48 @@ int main(int argc, char** argv) {
                              r.epoch_seconds, r.samples_per_s, config.single ? "single" : "gradagg",
                              config.workers, config.batch);
       metrics.flush();
+      checkMetrics();  // a full disk ends the run (exit 4); the last checkpoint stays
     }
   };
   bool told = false;
   callbacks.should_stop = [&] {
-    if (g_interrupted && !told) {
+    if (example::stopSignal() != 0 && !told) {
       display.clear();
       fmt::print("interrupted: stopping after this step{}\n",
                  config.checkpoint.empty() ? "" : ", checkpoint in " + config.checkpoint);
       told = true;
     }
-    return g_interrupted != 0;
+    return example::stopSignal() != 0;
   };
 
+  const fashion::TrainResult result = fashion::train(config, callbacks);
+  display.clear();
+  if (result.stopped) {
+    fmt::print("stopped after step {}{}\n", result.steps,
+               config.checkpoint.empty() ? "" : "; resume with --resume " + config.checkpoint);
+    return example::stopSignal() != 0 ? 128 + example::stopSignal() : example::kDone;
+  }
+  if (!result.epochs.empty()) {
+    fmt::print("done: {} epochs, test accuracy {:.4f}\n", config.epochs,
+               result.epochs.back().test_accuracy);
+  }
+  return example::kDone;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
   try {
-    const fashion::TrainResult result = fashion::train(config, callbacks);
-    display.clear();
-    if (result.stopped) {
-      fmt::print("stopped after step {}{}\n", result.steps,
-                 config.checkpoint.empty() ? "" : "; resume with --resume " + config.checkpoint);
-      return g_interrupted ? 130 : 0;
-    }
-    if (!result.epochs.empty()) {
-      fmt::print("done: {} epochs, test accuracy {:.4f}\n", config.epochs,
-                 result.epochs.back().test_accuracy);
-    }
-    return 0;
+    return run(argc, argv);
   } catch (const idx::Error& e) {
-    display.clear();
-    fmt::print(stderr, "fashion_mnist: {}\n", e.what());
-    fmt::print(stderr,
-               "Fashion-MNIST comes with Debian's {} package (apt-get install {}), which puts it "
-               "in {};\n--data DIR reads another copy of the four files.\n",
-               idx::kDebianFashionMnistPackage, idx::kDebianFashionMnistPackage,
-               idx::kDebianFashionMnistDir);
-    return 1;
+    std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
+    std::fprintf(stderr,
+                 "Fashion-MNIST comes with Debian's %s package (apt-get install %s), which puts "
+                 "it in %s;\n--data DIR reads another copy of the four files.\n",
+                 idx::kDebianFashionMnistPackage, idx::kDebianFashionMnistPackage,
+                 idx::kDebianFashionMnistDir);
+    return example::kBadInput;
   } catch (const std::exception& e) {
-    display.clear();
-    fmt::print(stderr, "fashion_mnist: {}\n", e.what());
-    return 1;
+    return example::fail("fashion_mnist", e);
   }
 }

@@ -4,17 +4,16 @@
 // parent steps its optimizer. The split is described in fashion_train.h.
 #include "fashion_train.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
+#include <map>
 #include <chrono>
 #include <cstdio>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <gradagg/gradagg.h>
@@ -103,97 +102,40 @@ struct Progress {
   double epoch_train_seconds = 0;
 };
 
-// The settings a checkpoint must be resumed with: anything that changes the steps.
-std::vector<std::pair<std::string, double>> trajectorySettings(const TrainConfig& c) {
-  return {{"workers", c.workers},
-          {"batch", c.batch},
-          {"lr", c.lr},
-          {"optimizer", c.optimizer == OptimizerKind::kAdam ? 0 : 1},
-          {"seed", static_cast<double>(c.seed)},
-          {"hidden", c.hidden},
-          {"limit", static_cast<double>(c.limit)},
-          {"single", c.single ? 1 : 0}};
+// The settings a checkpoint must be resumed with, and every node must share:
+// anything that changes the steps. (Every node must also run as many epochs;
+// a resumed run may raise --epochs, so that is not a checkpoint setting.)
+std::map<std::string, std::string> trajectorySettings(const TrainConfig& c) {
+  return {{"workers", std::to_string(c.workers)},
+          {"nodes", std::to_string(c.nodes.nodes)},
+          {"batch", std::to_string(c.batch)},
+          {"lr", fmt::format("{}", c.lr)},
+          {"optimizer", optimizerName(c.optimizer)},
+          {"seed", std::to_string(c.seed)},
+          {"hidden", std::to_string(c.hidden)},
+          {"limit", std::to_string(c.limit)},
+          {"single", c.single ? "1" : "0"}};
 }
 
-constexpr const char* kFormat = "gradagg-fashion-mnist-checkpoint/1";
-
-// Model, optimizer, progress and the default generator, written to a temporary
-// file and renamed, so an interrupted save leaves the previous checkpoint.
-void saveCheckpoint(const std::string& path, const TrainConfig& config, Net& model,
-                    torch::optim::Optimizer& optimizer, const Progress& progress) {
-  torch::serialize::OutputArchive archive;
-  archive.write("format", c10::IValue(std::string(kFormat)));
-  torch::serialize::OutputArchive model_archive;
-  model->save(model_archive);
-  archive.write("model", model_archive);
-  torch::serialize::OutputArchive optimizer_archive;
-  optimizer.save(optimizer_archive);
-  archive.write("optimizer", optimizer_archive);
-  archive.write("step", torch::tensor(progress.step, torch::kLong));
-  archive.write("epoch_loss_sum", torch::tensor(progress.epoch_loss_sum, torch::kDouble));
-  archive.write("epoch_samples", torch::tensor(progress.epoch_samples, torch::kLong));
-  archive.write("epoch_train_seconds", torch::tensor(progress.epoch_train_seconds, torch::kDouble));
-  for (const auto& [name, value] : trajectorySettings(config)) {
-    archive.write("settings/" + name, torch::tensor(value, torch::kDouble));
-  }
-  {
-    auto generator = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    archive.write("rng", generator.get_state());
-  }
-  const std::string tmp = path + ".tmp";
-  archive.save_to(tmp);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    throw std::runtime_error("checkpoint: cannot rename " + tmp + " to " + path);
-  }
+// The progress's numbers as checkpoint metadata, exactly ("{}" round-trips).
+std::map<std::string, std::string> metadataOf(const Progress& p) {
+  return {{"epoch_loss_sum", fmt::format("{}", p.epoch_loss_sum)},
+          {"epoch_samples", std::to_string(p.epoch_samples)},
+          {"epoch_train_seconds", fmt::format("{}", p.epoch_train_seconds)}};
 }
 
-template <typename T>
-T scalar(torch::serialize::InputArchive& archive, const std::string& key) {
-  torch::Tensor t;
-  archive.read(key, t);
-  return t.item<T>();
-}
-
-Progress loadCheckpoint(const std::string& path, const TrainConfig& config, Net& model,
-                        torch::optim::Optimizer& optimizer) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) throw std::runtime_error("--resume: no such file: " + path);
-  torch::serialize::InputArchive archive;
-  c10::IValue format;
+Progress progressOf(const gradagg::TrainingState& state, const std::string& path) {
   try {
-    archive.load_from(path);
-    archive.read("format", format);
-  } catch (const c10::Error&) {
-    throw std::runtime_error("--resume: " + path + " is not a fashion_mnist checkpoint");
+    Progress p;
+    p.step = state.step;
+    p.epoch_loss_sum = std::stod(state.metadata.at("epoch_loss_sum"));
+    p.epoch_samples = std::stoll(state.metadata.at("epoch_samples"));
+    p.epoch_train_seconds = std::stod(state.metadata.at("epoch_train_seconds"));
+    return p;
+  } catch (const std::exception&) {
+    throw gradagg::CheckpointError(
+        "--resume: " + path + " is a gradagg checkpoint, but not one of fashion_mnist", path);
   }
-  if (!format.isString() || format.toStringRef() != kFormat) {
-    throw std::runtime_error("--resume: " + path + " is not a " + kFormat + " file");
-  }
-  for (const auto& [name, value] : trajectorySettings(config)) {
-    const double saved = scalar<double>(archive, "settings/" + name);
-    if (saved != value) {
-      throw std::runtime_error("--resume: " + path + " was written with " + name + " = " +
-                               std::to_string(saved) + ", this run has " + std::to_string(value) +
-                               "; resume with the settings of the interrupted run");
-    }
-  }
-  torch::serialize::InputArchive model_archive, optimizer_archive;
-  archive.read("model", model_archive);
-  model->load(model_archive);
-  archive.read("optimizer", optimizer_archive);
-  optimizer.load(optimizer_archive);
-  Progress progress;
-  progress.step = scalar<std::int64_t>(archive, "step");
-  progress.epoch_loss_sum = scalar<double>(archive, "epoch_loss_sum");
-  progress.epoch_samples = scalar<std::int64_t>(archive, "epoch_samples");
-  progress.epoch_train_seconds = scalar<double>(archive, "epoch_train_seconds");
-  torch::Tensor rng;
-  archive.read("rng", rng);
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(rng);
-  return progress;
 }
 
 struct Evaluation {
@@ -220,7 +162,7 @@ Evaluation evaluate(Net& model, const torch::Tensor& inputs, const torch::Tensor
 
 void validate(const TrainConfig& c) {
   auto require = [](bool ok, const std::string& what) {
-    if (!ok) throw std::runtime_error("bad setting: " + what);
+    if (!ok) throw std::invalid_argument("bad setting: " + what);
   };
   require(c.workers >= 1 && c.workers <= gradagg::Options::kMaxWorkers,
           "--workers must be 1.." + std::to_string(gradagg::Options::kMaxWorkers));
@@ -238,6 +180,13 @@ void validate(const TrainConfig& c) {
 
 TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   validate(config);
+  // Checked now, not at the first save an epoch later: the file can be written
+  // (node 0 writes; every node holds the same bits) and the resumed one read.
+  std::optional<gradagg::Checkpoint> checkpoint, resume;
+  if (!config.checkpoint.empty() && config.nodes.node_rank == 0)
+    checkpoint.emplace(config.checkpoint);
+  if (!config.resume.empty())
+    resume.emplace(config.resume, gradagg::Checkpoint::Access::kReadOnly);
   // `workers` counts the workers of every node: the data split is global.
   const int workers = config.single ? config.workers : config.workers * config.nodes.nodes;
   const int batch = config.batch;
@@ -261,7 +210,7 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   }
   const std::int64_t n = train_images.size(0);
   if (n < workers) {
-    throw std::runtime_error("bad setting: " + std::to_string(n) + " training samples for " +
+    throw std::invalid_argument("bad setting: " + std::to_string(n) + " training samples for " +
                              std::to_string(workers) + " workers");
   }
   const EpochPlan plan = planEpoch(n, workers, batch);
@@ -277,9 +226,18 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
                                                     torch::optim::SGDOptions(config.lr));
   }
   Progress progress;
-  if (!config.resume.empty()) {
-    progress = loadCheckpoint(config.resume, config, model, *optimizer);
+  gradagg::NodeOptions nodes = config.nodes;
+  nodes.must_match = trajectorySettings(config);
+  nodes.must_match["epochs"] = std::to_string(config.epochs);
+  nodes.must_match["train_samples"] = std::to_string(n);
+  nodes.must_match["train_labels_checksum"] = std::to_string(
+      (train_labels * torch::arange(1, n + 1, torch::kLong)).sum().item<std::int64_t>());
+  if (resume) {
+    nodes.resume_identity = resume->identity();
+    progress = progressOf(resume->load(*model, *optimizer, trajectorySettings(config)),
+                          config.resume);
   }
+  nodes.start_step = progress.step;
   const std::int64_t first_step = progress.step;
   const std::int64_t first_epoch = first_step / plan.steps;
 
@@ -325,7 +283,7 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   if (!config.single && progress.step < total_steps) {
     gradagg::Options options;
     options.workers = config.workers;
-    options.nodes = config.nodes;
+    options.nodes = nodes;
     options.step_timeout = std::chrono::seconds(config.step_timeout_s);
     options.threads_per_worker = config.threads;  // 0: cores / workers
     aggregator.emplace(*model, shard, options);
@@ -396,10 +354,11 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
     const bool stop = (config.stop_after > 0 && progress.step >= config.stop_after) ||
                       (callbacks.should_stop && callbacks.should_stop());
     const bool finished = progress.step == total_steps;
-    if (!config.checkpoint.empty() &&
+    if (checkpoint &&
         (epoch_done || stop || finished ||
          (config.checkpoint_every > 0 && progress.step % config.checkpoint_every == 0))) {
-      saveCheckpoint(config.checkpoint, config, model, *optimizer, progress);
+      checkpoint->save(*model, *optimizer,
+                       {progress.step, metadataOf(progress), trajectorySettings(config)});
     }
     if (stop && !finished) {
       result.stopped = true;

@@ -117,9 +117,13 @@ EpochPlan planEpoch(std::int64_t n, int workers, int batch);
 std::pair<std::int64_t, std::int64_t> rowsOf(const EpochPlan& plan, int workers, int batch,
                                              std::int64_t s, int rank);
 
-// Loads the data, trains, evaluates after every epoch. Throws idx::Error for
-// missing or bad data, std::runtime_error for a bad configuration or checkpoint,
-// gradagg errors from the workers.
+// Loads the data, trains, evaluates after every epoch. Checkpoints with
+// gradagg::Checkpoint (node 0 writes; a resume is checked against the run's
+// settings, and across nodes every node must resume from the same file and
+// share the settings, epochs and data). Throws idx::Error for missing or bad
+// data, std::invalid_argument for a bad configuration, gradagg::CheckpointError
+// for a checkpoint that cannot be written or used, gradagg errors from the
+// workers and nodes. After an error nothing is saved: the last checkpoint stays.
 TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks = {});
 
 const char* optimizerName(OptimizerKind kind);

@@ -13,6 +13,8 @@
 
 #include <gradagg/gradagg.h>
 
+#include "exit_status.h"
+
 struct LinearImpl : torch::nn::Module {
   LinearImpl() {
     theta = register_parameter("theta", torch::ones({1}));
@@ -23,7 +25,9 @@ struct LinearImpl : torch::nn::Module {
 };
 TORCH_MODULE(Linear);
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   int workers = 4;
   int steps = 100;
   // Several machines: flags, or torchrun-style environment variables (see README).
@@ -40,7 +44,7 @@ int main(int argc, char** argv) {
   app.add_option("--store", nodes.store_path,
                  "a FileStore path every node sees, instead (GRADAGG_STORE_PATH)");
   app.add_option("--ifname", nodes.interface, "network interface for Gloo (GRADAGG_SOCKET_IFNAME)");
-  CLI11_PARSE(app, argc, argv);
+  if (const auto done = example::parseCommandLine(app, argc, argv)) return *done;
 
   const auto x = torch::tensor({2.0f, 4.0f, 6.0f, 10.0f});
   const auto y = 3 * x + 4;
@@ -111,8 +115,20 @@ int main(int argc, char** argv) {
              bits(model->bias));
   if (!(rel <= 1e-6)) {
     fmt::print(stderr, "FAIL: the two trainings differ by more than 1e-6 relative\n");
-    return 1;
+    return example::kResultsDiffer;
   }
   fmt::print("OK: they agree within 1e-6 relative\n");
-  return 0;
+  return example::kDone;
+}
+
+}  // namespace
+
+// Any error (a bad GRADAGG_* variable, a worker that dies, a node that does not
+// come) ends the demo with one line and an exit code (examples/exit_status.h).
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    return example::fail("linear_regression_parity", e);
+  }
 }

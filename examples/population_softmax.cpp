@@ -5,8 +5,13 @@
 //
 //   population_softmax --policy random --p 0.15 --steps 2000 --lineage lineage.jsonl
 //   population_softmax --policy truncation | tournament | none
+//   population_softmax --checkpoint pop.ckpt      # Ctrl-C, then:
+//   population_softmax --resume pop.ckpt --checkpoint pop.ckpt
+// Errors end it with one line and an exit code (exit_status.h).
 #include <cmath>
 #include <cstdio>
+#include <optional>
+#include <stdexcept>
 #include <string>
 
 #include <fmt/format.h>
@@ -14,7 +19,10 @@
 #include <torch/optim/sgd.h>
 #include <CLI/CLI.hpp>
 
+#include <gradagg/checkpoint.h>
 #include <gradagg/population.h>
+
+#include "exit_status.h"
 
 #include "idx.h"
 #include "idx_tensor.h"
@@ -36,19 +44,20 @@ double accuracy(Softmax& m, const at::Tensor& x, const at::Tensor& y) {
   return m.forward(x).argmax(1).eq(y).to(at::kDouble).mean().item<double>();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string policy_name = "random", lineage, data = "/usr/share/datasets/fashion-mnist";
-  double p = 0.15, fraction = 0.25, lr_min = 1e-4, lr_max = 1.0;
+  std::string checkpoint_path, resume;
+  double p = 0.15, fraction = 0.25, lr_min = 1e-4, lr_max = 1.0, step_timeout_s = 300;
   std::int64_t steps = 2000, interval = 100, batch = 64;
   std::uint64_t seed = 1;
   int workers = 4;
   CLI::App app{"gradagg population mode: PBT of softmax regression on Fashion-MNIST"};
   app.add_option("--policy", policy_name, "random, truncation, tournament or none")
       ->check(CLI::IsMember({"random", "truncation", "tournament", "none"}));
-  app.add_option("--p", p, "random: probability of copying a random peer");
-  app.add_option("--fraction", fraction, "truncation: bottom/top fraction");
+  app.add_option("--p", p, "random: probability of copying a random peer")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--fraction", fraction, "truncation: bottom/top fraction")
+      ->check(CLI::Range(0.0, 0.5));
   app.add_option("--steps", steps, "SGD steps per worker")->check(CLI::PositiveNumber);
   app.add_option("--interval", interval, "steps between publish points")
       ->check(CLI::PositiveNumber);
@@ -56,18 +65,34 @@ int main(int argc, char** argv) {
   app.add_option("--workers", workers, "population size")->check(CLI::Range(1, 16));
   app.add_option("--seed", seed, "seed of every random choice");
   app.add_option("--lr-min", lr_min,
-                 "learning rates are drawn log-uniformly from [lr-min, lr-max]");
-  app.add_option("--lr-max", lr_max);
+                 "learning rates are drawn log-uniformly from [lr-min, lr-max]")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--lr-max", lr_max)->check(CLI::PositiveNumber);
   app.add_option("--lineage", lineage, "JSON Lines file, one line per copy (appended)");
   app.add_option("--data", data, "directory with the four Fashion-MNIST IDX files");
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--step-timeout", step_timeout_s,
+                 "seconds a member may take for one phase of a generation (a stopped or hung "
+                 "member ends the run after it)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--checkpoint", checkpoint_path,
+                 "write the whole population to FILE at the end and when stopped (Ctrl-C, "
+                 "SIGTERM, SIGHUP)");
+  app.add_option("--resume", resume, "start every member from a --checkpoint file");
+  if (const auto done = example::parseCommandLine(app, argc, argv)) return *done;
+  if (lr_min > lr_max)
+    throw std::invalid_argument(fmt::format("--lr-min {} is above --lr-max {}", lr_min, lr_max));
+  // Checked now, not when the first checkpoint is due.
+  std::optional<gradagg::Checkpoint> checkpoint;
+  if (!checkpoint_path.empty()) checkpoint.emplace(checkpoint_path);
+  example::installStopSignals();
 
   idx::MnistDir mnist;
   try {
     mnist = idx::readMnistDir(data);
   } catch (const idx::Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
+    std::fprintf(stderr, "population_softmax: %s\n", e.what());
+    return example::kBadInput;
   }
   // The first 50,000 training images train, the last 10,000 score (validation).
   const at::Tensor all_x = idx::imagesAsFloatRows(mnist.train.images);
@@ -103,14 +128,25 @@ int main(int argc, char** argv) {
   options.seed = seed;
   options.higher_is_better = true;
   options.lineage_path = lineage;
+  options.resume_from = resume;
+  options.step_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(step_timeout_s * 1000));
   options.policy = policy_name == "random"       ? gradagg::Policy::random(p)
                    : policy_name == "truncation" ? gradagg::Policy::truncation(fraction)
                    : policy_name == "tournament" ? gradagg::Policy::tournament()
                                                  : gradagg::Policy::none();
   gradagg::Population population(*model, fns, options);
   std::size_t copies = 0;
-  for (std::int64_t done = 0; done < steps; done += interval)
+  // A resumed population goes on from its members' step.
+  for (std::int64_t done = population.snapshot(0).step; done < steps; done += interval) {
     copies += population.generation().size();
+    if (example::stopSignal() != 0) {
+      if (checkpoint) population.checkpoint(checkpoint->path());
+      std::printf("stopped at step %ld%s\n", static_cast<long>(population.snapshot(0).step),
+                  checkpoint ? ("; resume with --resume " + checkpoint->path()).c_str() : "");
+      return 128 + example::stopSignal();
+    }
+  }
+  if (checkpoint) population.checkpoint(checkpoint->path());
 
   // Score every member's final snapshot on the test set, here in the parent.
   double best = 0, mean = 0;
@@ -129,5 +165,15 @@ int main(int argc, char** argv) {
                 test, s.hyperparams.at("lr"));
   }
   std::printf("best test accuracy %.4f (worker %d), mean %.4f\n", best, best_rank, mean);
-  return 0;
+  return example::kDone;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    return example::fail("population_softmax", e);
+  }
 }

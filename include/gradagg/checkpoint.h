@@ -49,24 +49,23 @@ struct TrainingState {
   std::map<std::string, std::string> settings;
 };
 
-// A checkpoint that cannot be written or read. Names the file; what failed and
-// the operating system's reason are in what().
-class CheckpointError : public Error {
+// A checkpoint that cannot be written or read, or does not fit: path() names
+// the file; what failed and the operating system's reason are in what().
+class CheckpointError : public FileError {
  public:
-  CheckpointError(const std::string& what, std::string path)
-      : Error(what), path_(std::move(path)) {}
-  const std::string& path() const noexcept { return path_; }
-
- private:
-  std::string path_;
+  using FileError::FileError;
 };
 
 class Checkpoint {
  public:
-  // Throws CheckpointError when `path` is empty, is a directory, or its
-  // directory is missing or does not accept a new file (a probe file is
-  // created and removed).
-  explicit Checkpoint(std::string path);
+  enum class Access {
+    kReadWrite,  // checked now: the file can be written
+    kReadOnly,   // only load() and identity(): save() throws CheckpointError
+  };
+  // With kReadWrite, throws CheckpointError when `path` is empty, is a
+  // directory, or its directory is missing or does not accept a new file (a
+  // probe file is created and removed). Nothing is read yet.
+  explicit Checkpoint(std::string path, Access access = Access::kReadWrite);
 
   const std::string& path() const noexcept { return path_; }
   bool exists() const;
@@ -94,6 +93,7 @@ class Checkpoint {
 
  private:
   std::string path_;
+  Access access_;
 };
 
 }  // namespace gradagg

@@ -116,6 +116,17 @@ class NodeFailed : public Error {
   int node_;
 };
 
+// A file gradagg writes or reads for the caller (a checkpoint, the population's
+// lineage) could not be: names the file; the operating system's reason is in what().
+class FileError : public Error {
+ public:
+  FileError(const std::string& what, std::string path) : Error(what), path_(std::move(path)) {}
+  const std::string& path() const noexcept { return path_; }
+
+ private:
+  std::string path_;
+};
+
 // step() after shutdown() or after an error that stopped the workers.
 class NotUsable : public Error {
  public:

@@ -49,8 +49,9 @@ std::string joinNames(const ModelView& model) {
 
 }  // namespace
 
-Checkpoint::Checkpoint(std::string path) : path_(std::move(path)) {
-  detail::checkWritable(path_);
+Checkpoint::Checkpoint(std::string path, Access access)
+    : path_(std::move(path)), access_(access) {
+  if (access_ == Access::kReadWrite) detail::checkWritable(path_);
 }
 
 bool Checkpoint::exists() const {
@@ -60,7 +61,7 @@ bool Checkpoint::exists() const {
 
 void Checkpoint::save(const ModelView& model, const torch::optim::Optimizer* optimizer,
                       const TrainingState& state) const {
-  // 1. The content, in memory.
+  if (access_ == Access::kReadOnly) fail(path_, "was opened read-only (Access::kReadOnly)");
   std::string payload;
   try {
     torch::serialize::OutputArchive archive;

@@ -32,13 +32,29 @@ ProcessExit fromWaitStatus(int status) {
 
 std::string ProcessExit::describe() const {
   if (signal != 0) return fmt::format("was killed by signal {} ({})", signal, ::strsignal(signal));
-  return fmt::format("exited with status {}", exit_status);
+  // The codes runChild() below exits with when the child's own code never ran or failed.
+  switch (exit_status) {
+    case kExitParentGone:
+      return fmt::format("exited with status {}: it could not start (its parent was gone, or "
+                         "prctl(PR_SET_PDEATHSIG) failed)",
+                         exit_status);
+    case kExitThrew:
+      return fmt::format("exited with status {}: it failed with an error (printed on its "
+                         "stderr)",
+                         exit_status);
+    case kExitNoThread:
+      return fmt::format("exited with status {}: it could not start a thread (a process or "
+                         "thread limit such as ulimit -u / RLIMIT_NPROC, or no memory)",
+                         exit_status);
+    default:
+      return fmt::format("exited with status {}", exit_status);
+  }
 }
 
 namespace {
 // In the child: never returns into the parent's code, never runs its atexit handlers.
 [[noreturn]] void runChild(pid_t parent, const std::function<int()>& body) noexcept {
-  int code = 125;
+  int code = kExitParentGone;
   const HostHooks& hooks = hostHooks();
   if (hooks.after_fork_child) hooks.after_fork_child();
   if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(code);
@@ -49,13 +65,15 @@ namespace {
         code = body();
       } catch (const std::exception& e) {
         std::fprintf(stderr, "gradagg: child process %d failed: %s\n", ::getpid(), e.what());
-        code = 126;
+        code = kExitThrew;
       } catch (...) {
-        code = 126;
+        code = kExitThrew;
       }
     }).join();
-  } catch (...) {
-    code = 127;  // no thread
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gradagg: child process %d could not start its thread: %s\n", ::getpid(),
+                 e.what());
+    code = kExitNoThread;
   }
   try {
     if (hooks.before_child_exit) hooks.before_child_exit();
@@ -77,7 +95,11 @@ pid_t forkChild(const std::function<int()>& body) {
   if (pid == 0) runChild(parent, body);
   const int fork_errno = errno;
   if (hooks.after_fork_parent) hooks.after_fork_parent();
-  if (pid < 0) throw fmt::system_error(fork_errno, "gradagg: fork");
+  if (pid < 0)
+    throw fmt::system_error(fork_errno, "gradagg: fork failed{}",
+                            fork_errno == EAGAIN
+                                ? " (a process limit such as ulimit -u / RLIMIT_NPROC, or no memory)"
+                                : "");
   return pid;
 }
 }  // namespace

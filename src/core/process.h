@@ -12,6 +12,11 @@
 
 namespace gradagg::detail {
 
+// Exit codes of a child whose own code never ran or failed (describe() explains them).
+constexpr int kExitParentGone = 125;  // the parent died before the child was set up
+constexpr int kExitThrew = 126;       // the child's body threw
+constexpr int kExitNoThread = 127;    // no thread could be started in the child
+
 struct ProcessExit {
   int exit_status = -1;          // when it exited; -1 when killed by a signal
   int signal = 0;                // when killed by a signal

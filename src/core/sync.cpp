@@ -6,6 +6,7 @@
 
 #include <sched.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 
@@ -69,9 +70,16 @@ std::uint32_t spinUntilEqual(const std::atomic<std::uint32_t>& word, std::uint32
 }
 
 std::chrono::nanoseconds spinBudget(std::chrono::nanoseconds fallback) {
-  if (const char* env = std::getenv("GRADAGG_SPIN_US")) {
-    return std::chrono::microseconds(std::atoll(env));
-  }
+  const char* env = std::getenv("GRADAGG_SPIN_US");
+  if (env == nullptr || *env == '\0') return fallback;
+  char* end = nullptr;
+  const long long us = std::strtoll(env, &end, 10);
+  if (*end == '\0' && us >= 0 && us <= 1000000) return std::chrono::microseconds(us);
+  // Read once when the library loads, where an exception would abort: say so, go on.
+  std::fprintf(stderr,
+               "gradagg: GRADAGG_SPIN_US='%s' is not a number of microseconds in 0..1000000; "
+               "using the default %lld\n",
+               env, static_cast<long long>(fallback.count() / 1000));
   return fallback;
 }
 

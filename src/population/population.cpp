@@ -123,8 +123,9 @@ struct Population::Impl {
       lineage_fd =
           ::open(options.lineage_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
       if (lineage_fd < 0)
-        throw fmt::system_error(errno, "gradagg: cannot open lineage file {}",
-                                options.lineage_path);
+        throw FileError(fmt::format("gradagg: cannot open the lineage file {}: {}",
+                                    options.lineage_path, std::strerror(errno)),
+                        options.lineage_path);
     }
     const int threads = options.threads_per_worker > 0
                             ? options.threads_per_worker
@@ -250,8 +251,12 @@ struct Population::Impl {
                         {"hyperparams_before", e.before},
                         {"hyperparams_after", e.after}};
     const std::string line = j.dump() + "\n";
-    if (::write(lineage_fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
-      throw fmt::system_error(errno, "gradagg: writing the lineage file {}", options.lineage_path);
+    const ssize_t written = ::write(lineage_fd, line.data(), line.size());
+    if (written != static_cast<ssize_t>(line.size()))
+      throw FileError(fmt::format("gradagg: writing the lineage file {} failed: {}",
+                                  options.lineage_path,
+                                  written < 0 ? std::strerror(errno) : "short write (disk full?)"),
+                      options.lineage_path);
   }
 
   MemberSnapshot snapshot(int rank) const {

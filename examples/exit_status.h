@@ -1,0 +1,87 @@
+// How the examples end. No error escapes main: each prints one line on stderr
+// naming what failed and exits with a code a script can act on (docs/errors.md):
+//
+//   0    done
+//   1    the parity demo's two trainings differ
+//   2    bad input: a flag, an environment variable, the data files, a
+//        checkpoint that does not fit this run, nodes that disagree
+//   3    the training failed: a worker failed, died or timed out, a node
+//        failed, a non-finite gradient, a process could not be started
+//   4    a file could not be written or read: checkpoint, metrics, lineage
+//   70   an internal error (a bug: please report it)
+//   128 + signal   stopped by SIGINT (130), SIGHUP (129) or SIGTERM (143),
+//        after finishing the step and writing the checkpoint
+#pragma once
+
+#include <signal.h>
+
+#include <csignal>
+#include <cstdio>
+#include <exception>
+#include <optional>
+#include <system_error>
+
+#include <CLI/CLI.hpp>
+
+#include <gradagg/errors.h>
+
+namespace example {
+
+enum ExitCode : int {
+  kDone = 0,
+  kResultsDiffer = 1,
+  kBadInput = 2,
+  kTrainingFailed = 3,
+  kFileFailed = 4,
+  kInternalError = 70,
+};
+
+inline int exitCodeFor(const std::exception& e) {
+  if (dynamic_cast<const gradagg::FileError*>(&e) != nullptr) return kFileFailed;
+  if (dynamic_cast<const gradagg::InvalidArgument*>(&e) != nullptr) return kBadInput;
+  if (dynamic_cast<const std::invalid_argument*>(&e) != nullptr) return kBadInput;
+  if (dynamic_cast<const gradagg::InternalError*>(&e) != nullptr) return kInternalError;
+  if (dynamic_cast<const gradagg::Error*>(&e) != nullptr) return kTrainingFailed;
+  if (dynamic_cast<const std::system_error*>(&e) != nullptr) return kTrainingFailed;
+  return kInternalError;
+}
+
+// Prints "<program>: <what>" and returns the exit code for `e`.
+inline int fail(const char* program, const std::exception& e) {
+  std::fprintf(stderr, "%s: %s\n", program, e.what());
+  return exitCodeFor(e);
+}
+
+// Parses the command line. A bad flag prints CLI11's message and gives
+// kBadInput; --help prints the help and gives kDone. nullopt: go on.
+inline std::optional<int> parseCommandLine(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+    return std::nullopt;
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? kDone : kBadInput;
+  }
+}
+
+// SIGINT, SIGTERM and SIGHUP ask the run to stop after its current step (a
+// second one of them kills: SA_RESETHAND); a SIGINT ignored at start (a
+// background job of a script) stays ignored. SIGXFSZ is ignored, so a file
+// size limit is a write error the program reports, not a core dump.
+inline volatile std::sig_atomic_t g_stop_signal = 0;
+
+inline void installStopSignals() {
+  struct sigaction action {};
+  action.sa_handler = [](int signal) { g_stop_signal = signal; };
+  action.sa_flags = SA_RESETHAND;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGTERM, &action, nullptr);
+  ::sigaction(SIGHUP, &action, nullptr);
+  struct sigaction previous {};
+  if (::sigaction(SIGINT, nullptr, &previous) == 0 && previous.sa_handler != SIG_IGN)
+    ::sigaction(SIGINT, &action, nullptr);
+  std::signal(SIGXFSZ, SIG_IGN);
+}
+
+inline int stopSignal() { return g_stop_signal; }
+
+}  // namespace example

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Every example, given bad input, ends with its documented exit code
+# (examples/exit_status.h: 2 bad input, 3 training failed, 4 a file) and a
+# message on stderr, never by a signal (no SIGABRT, no core), and leaves no
+# temporary file next to a checkpoint it could not write.
+#
+#   tests/examples/bad_input_test.sh <dir with the example binaries> [data dir]
+set -uo pipefail
+
+bin=$1
+data=${2:-/usr/share/datasets/fashion-mnist}
+parity=$bin/linear_regression_parity
+fashion=$bin/fashion_mnist
+population=$bin/population_softmax
+if [ ! -e "$data/train-images-idx3-ubyte.gz" ] && [ ! -e "$data/train-images-idx3-ubyte" ]; then
+  echo "skipped: no Fashion-MNIST in $data (Debian's dataset-fashion-mnist)"
+  exit 77
+fi
+work=$(mktemp -d "${TMPDIR:-/tmp}/gradagg-badinput-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+runs=0
+failures=0
+by_signal=0
+
+# expect CODE NAME COMMAND...: the command exits with CODE and says something on stderr.
+expect() {
+  local want=$1 name=$2
+  shift 2
+  runs=$((runs + 1))
+  timeout -s KILL 120 "$@" >"$work/out" 2>"$work/err"
+  local rc=$?
+  local said
+  said=$(grep -v '^\s*$' "$work/err" | head -1 | cut -c1-160)
+  if [ "$rc" -ge 128 ]; then by_signal=$((by_signal + 1)); fi
+  if [ "$rc" != "$want" ] || [ -z "$said" ]; then
+    failures=$((failures + 1))
+    echo "FAIL $name: exit $rc (want $want); stderr: ${said:-(nothing)}"
+    tail -5 "$work/out" "$work/err"
+  else
+    echo "ok   $name: exit $rc: $said"
+  fi
+}
+
+# ---- the parity demo
+expect 2 "parity --workers 0" "$parity" --workers 0
+expect 2 "parity --steps -1" "$parity" --steps -1
+expect 2 "parity --no-such-flag" "$parity" --no-such-flag
+expect 2 "parity GRADAGG_NNODES=two" env GRADAGG_NNODES=two "$parity"
+expect 2 "parity GRADAGG_NODE_TIMEOUT_MS=soon" env GRADAGG_NODE_TIMEOUT_MS=soon "$parity"
+expect 2 "parity --node-rank 2 of 2" "$parity" --nodes 2 --node-rank 2
+expect 3 "parity: a node alone (rendezvous timeout)" \
+  env GRADAGG_NODE_TIMEOUT_MS=1000 "$parity" --nodes 2 --node-rank 1 --store "$work/store"
+
+# ---- Fashion-MNIST
+small=(--data "$data" --limit 600 --epochs 1)
+expect 2 "fashion --data missing" "$fashion" --data "$work/nothing"
+mkdir -p "$work/corrupt"
+cp "$data"/* "$work/corrupt/"
+gzip -dc "$data/train-labels-idx1-ubyte.gz" | head -c 1000 >"$work/corrupt/train-labels-idx1-ubyte"
+rm "$work/corrupt/train-labels-idx1-ubyte.gz"
+expect 2 "fashion: a truncated data file" "$fashion" --data "$work/corrupt" --limit 600
+expect 2 "fashion --workers 0" "$fashion" --workers 0
+expect 2 "fashion --lr -1" "$fashion" --lr -1
+expect 2 "fashion --optimizer rmsprop" "$fashion" --optimizer rmsprop
+expect 2 "fashion --step-timeout 0" "$fashion" --step-timeout 0
+expect 2 "fashion GRADAGG_NNODES=abc" env GRADAGG_NNODES=abc "$fashion"
+expect 4 "fashion --checkpoint in a missing directory" "$fashion" "${small[@]}" \
+  --checkpoint "$work/missing/run.ckpt"
+expect 4 "fashion --checkpoint a directory" "$fashion" "${small[@]}" --checkpoint "$work"
+expect 4 "fashion --metrics unwritable" "$fashion" "${small[@]}" --metrics /proc/gradagg.csv
+printf 'x%.0s' $(seq 1 1100) >"$work/full.csv"
+expect 4 "fashion --metrics past the file-size limit" \
+  bash -c 'ulimit -f 1 && exec "$@"' _ "$fashion" "${small[@]}" --metrics "$work/full.csv"
+# A good checkpoint, then resumes that cannot be.
+expect_ok() {
+  runs=$((runs + 1))
+  if ! "$@" >"$work/out" 2>&1; then
+    failures=$((failures + 1))
+    echo "FAIL $*: did not succeed"
+    tail -5 "$work/out"
+  fi
+}
+expect_ok "$fashion" "${small[@]}" --checkpoint "$work/good.ckpt"
+expect 4 "fashion --resume with another --batch" "$fashion" "${small[@]}" --batch 20 \
+  --resume "$work/good.ckpt"
+head -c 5000 "$work/good.ckpt" >"$work/short.ckpt"
+expect 4 "fashion --resume a truncated checkpoint" "$fashion" "${small[@]}" \
+  --resume "$work/short.ckpt"
+cp "$work/good.ckpt" "$work/flipped.ckpt"
+printf '\x55' | dd of="$work/flipped.ckpt" bs=1 seek=4000 conv=notrunc status=none
+expect 4 "fashion --resume a corrupted checkpoint" "$fashion" "${small[@]}" \
+  --resume "$work/flipped.ckpt"
+echo "not a checkpoint" >"$work/text.ckpt"
+expect 4 "fashion --resume a text file" "$fashion" "${small[@]}" --resume "$work/text.ckpt"
+expect 3 "fashion: a node alone (rendezvous timeout)" env GRADAGG_NODE_TIMEOUT_MS=1000 \
+  "$fashion" "${small[@]}" --nodes 2 --node-rank 0 --store "$work/store2"
+leftover=$(find "$work" -name '*.tmp-*' -o -name '*.probe-*')
+if [ -n "$leftover" ]; then
+  failures=$((failures + 1))
+  echo "FAIL temporary files left: $leftover"
+fi
+
+# ---- population mode
+pop=(--data "$data" --steps 20 --interval 10 --workers 2)
+expect 2 "population --p 1.5" "$population" --p 1.5
+expect 2 "population --fraction 0.9" "$population" --fraction 0.9
+expect 2 "population --lr-min above --lr-max" "$population" --lr-min 1 --lr-max 0.1
+expect 2 "population --workers 0" "$population" --workers 0
+expect 2 "population --step-timeout 0" "$population" --step-timeout 0
+expect 2 "population --data missing" "$population" --data "$work/nothing"
+expect 4 "population --lineage unwritable" "$population" "${pop[@]}" --lineage /proc/x.jsonl
+expect 4 "population --checkpoint in a missing directory" "$population" "${pop[@]}" \
+  --checkpoint "$work/missing/pop.ckpt"
+expect 4 "population --resume a text file" "$population" "${pop[@]}" --resume "$work/text.ckpt"
+
+# A member killed, and a member stopped past --step-timeout, while it trains.
+member_fault() {
+  local signal=$1
+  "$population" --data "$data" --steps 100000 --interval 50 --workers 2 --step-timeout 2 \
+    >"$work/out" 2>"$work/err" &
+  local parent=$! member=""
+  for _ in $(seq 1 200); do
+    member=$(pgrep -P "$parent" | head -1)
+    [ -n "$member" ] && grep -q . /proc/"$member"/stat 2>/dev/null && break
+    sleep 0.05
+  done
+  sleep 1.5
+  kill -"$signal" "$member"
+  wait "$parent"
+  echo $?
+  kill -CONT "$member" 2>/dev/null
+}
+for signal in KILL STOP; do
+  runs=$((runs + 1))
+  rc=$(member_fault $signal)
+  said=$(grep -v '^\s*$' "$work/err" | head -1 | cut -c1-160)
+  if [ "$rc" -ge 128 ]; then by_signal=$((by_signal + 1)); fi
+  if [ "$rc" != 3 ]; then
+    failures=$((failures + 1))
+    echo "FAIL population, a member got SIG$signal: exit $rc (want 3): $said"
+  else
+    echo "ok   population, a member got SIG$signal: exit $rc: $said"
+  fi
+done
+
+echo "$runs runs, $failures failed, $by_signal ended by a signal"
+[ "$failures" = 0 ]

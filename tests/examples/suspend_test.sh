@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Stopping the whole job (SIGSTOP to its process group, as Ctrl-Z or a paused VM
+# does) for 3x the step timeout, then SIGCONT: the training goes on and ends
+# well, every try.
+#
+#   tests/examples/suspend_test.sh <fashion_mnist binary> [tries] [data dir]
+set -uo pipefail
+
+fashion=$1
+tries=${2:-3}
+data=${3:-/usr/share/datasets/fashion-mnist}
+if [ ! -e "$data/train-images-idx3-ubyte.gz" ] && [ ! -e "$data/train-images-idx3-ubyte" ]; then
+  echo "skipped: no Fashion-MNIST in $data (Debian's dataset-fashion-mnist)"
+  exit 77
+fi
+work=$(mktemp -d "${TMPDIR:-/tmp}/gradagg-suspend-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+survived=0
+for try in $(seq 1 "$tries"); do
+  # Its own process group, like a shell job; a step timeout of 1 s, stopped for 3 s.
+  setsid "$fashion" --data "$data" --workers 2 --epochs 1 --step-timeout 1 >"$work/out" 2>&1 &
+  leader=$!
+  for _ in $(seq 1 600); do
+    grep -q "^epoch 1/1 .*steps" "$work/out" && break
+    sleep 0.05
+  done
+  kill -STOP -- -"$leader"
+  sleep 3
+  kill -CONT -- -"$leader"
+  wait "$leader"
+  rc=$?
+  if [ "$rc" = 0 ] && grep -q "^done" "$work/out"; then
+    survived=$((survived + 1))
+  else
+    echo "try $try: exit $rc"
+    tail -3 "$work/out"
+  fi
+done
+echo "stopped for 3x the step timeout: $survived of $tries tries went on to the end"
+[ "$survived" = "$tries" ]
