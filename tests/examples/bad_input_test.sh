@@ -23,9 +23,10 @@ runs=0
 failures=0
 by_signal=0
 
-# expect CODE NAME COMMAND...: the command exits with CODE and says something on stderr.
+# expect CODE NAME COMMAND...: the command exits with CODE and says something on
+# stderr (matching $SAYS, an extended regex, when set).
 expect() {
-  local want=$1 name=$2
+  local want=$1 name=$2 pattern=${SAYS:-.}
   shift 2
   runs=$((runs + 1))
   timeout -s KILL 120 "$@" >"$work/out" 2>"$work/err"
@@ -33,7 +34,7 @@ expect() {
   local said
   said=$(grep -v '^\s*$' "$work/err" | head -1 | cut -c1-160)
   if [ "$rc" -ge 128 ]; then by_signal=$((by_signal + 1)); fi
-  if [ "$rc" != "$want" ] || [ -z "$said" ]; then
+  if [ "$rc" != "$want" ] || [ -z "$said" ] || ! grep -qE "$pattern" "$work/err"; then
     failures=$((failures + 1))
     echo "FAIL $name: exit $rc (want $want); stderr: ${said:-(nothing)}"
     tail -5 "$work/out" "$work/err"
@@ -51,6 +52,22 @@ expect 2 "parity GRADAGG_NODE_TIMEOUT_MS=soon" env GRADAGG_NODE_TIMEOUT_MS=soon 
 expect 2 "parity --node-rank 2 of 2" "$parity" --nodes 2 --node-rank 2
 expect 3 "parity: a node alone (rendezvous timeout)" \
   env GRADAGG_NODE_TIMEOUT_MS=1000 "$parity" --nodes 2 --node-rank 1 --store "$work/store"
+
+# A process limit (ulimit -u; root ignores it, so as nobody where we can): the
+# worker that could not be forked, or could not start its thread, is named with
+# the cause. Which of the two depends on the user's other processes.
+if [ "$(id -u)" != 0 ]; then
+  as_limited=(bash -c 'ulimit -u "$0" && exec "$@"')
+elif command -v setpriv >/dev/null &&
+  setpriv --reuid=65534 --regid=65534 --clear-groups test -x "$parity" 2>/dev/null; then
+  as_limited=(setpriv --reuid=65534 --regid=65534 --clear-groups bash -c 'ulimit -u "$0" && exec "$@"')
+fi
+if [ -n "${as_limited+x}" ]; then
+  for n in 2 8; do
+    SAYS="fork failed \(a process limit|could not start a thread \(a process or thread limit" \
+      expect 3 "parity under ulimit -u $n" "${as_limited[@]}" "$n" "$parity" --steps 3
+  done
+fi
 
 # ---- Fashion-MNIST
 small=(--data "$data" --limit 600 --epochs 1)
