@@ -42,6 +42,13 @@ struct NodeOptions {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string store_path;
+  // The TCPStore at master_addr:master_port is served by someone else (torchrun's
+  // agent with its static rendezvous: TORCHELASTIC_USE_AGENT_STORE=True), so
+  // node 0 connects to it like every other node instead of serving it.
+  bool external_store = false;
+  // The store's keys are under this prefix; a launcher's restart gets its own
+  // ("gradagg/attempt_<TORCHELASTIC_RESTART_COUNT>").
+  std::string store_prefix = "gradagg";
   // Network interface Gloo binds to (GRADAGG_SOCKET_IFNAME, e.g. "eth0");
   // empty: the address this machine's hostname resolves to.
   std::string interface;
@@ -66,7 +73,15 @@ struct NodeOptions {
   std::string resume_identity;
   std::map<std::string, std::string> must_match;
 
-  // `defaults` overridden by whichever of the variables above are set.
+  // `defaults` overridden by whichever of the variables above are set, and by
+  // the launchers' own, the explicit GRADAGG_* ones taking precedence:
+  //  - torchrun --nnodes N --nproc-per-node 1: GROUP_WORLD_SIZE, GROUP_RANK (or
+  //    NODE_RANK), MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE,
+  //    TORCHELASTIC_RESTART_COUNT;
+  //  - Slurm (srun, one task per node): SLURM_NNODES, SLURM_NODEID, and the
+  //    first host of SLURM_JOB_NODELIST as master_addr (MASTER_ADDR wins).
+  // A value that is not an integer where one is expected: InvalidArgument
+  // naming the variable.
   static NodeOptions fromEnvironment(NodeOptions defaults);
   static NodeOptions fromEnvironment();
 };

@@ -322,6 +322,9 @@ void bindOptions(py::module_& m) {
       .def_readwrite("master_addr", &NodeOptions::master_addr)
       .def_readwrite("master_port", &NodeOptions::master_port)
       .def_readwrite("store_path", &NodeOptions::store_path)
+      .def_readwrite("external_store", &NodeOptions::external_store,
+                     "the TCPStore is served by a launcher (torchrun's agent): node 0 connects too")
+      .def_readwrite("store_prefix", &NodeOptions::store_prefix)
       .def_readwrite("interface", &NodeOptions::interface)
       .def_property(
           "timeout", [](const NodeOptions& o) { return seconds(o.timeout); },

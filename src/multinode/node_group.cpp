@@ -75,7 +75,7 @@ NodeGroup::NodeGroup(const NodeOptions& o)
     } else {
       c10d::TCPStoreOptions t;
       t.port = static_cast<std::uint16_t>(o.master_port);
-      t.isServer = o.node_rank == 0;
+      t.isServer = o.node_rank == 0 && !o.external_store;
       t.numWorkers = o.nodes;
       t.waitWorkers = false;  // the barrier below waits, with the deadline
       // c10d's client gives up connecting up to a second or two before its
@@ -95,12 +95,14 @@ NodeGroup::NodeGroup(const NodeOptions& o)
     // deadline. After it c10d's group and the gloo mesh connect to nodes known
     // to be there.
     base->setTimeout(left());
-    base->set(fmt::format("gradagg/arrived/{}", o.node_rank), std::vector<std::uint8_t>{1});
+    base->set(fmt::format("{}/arrived/{}", o.store_prefix, o.node_rank),
+              std::vector<std::uint8_t>{1});
     std::vector<std::string> arrived;
-    for (int r = 0; r < o.nodes; ++r) arrived.push_back(fmt::format("gradagg/arrived/{}", r));
+    for (int r = 0; r < o.nodes; ++r)
+      arrived.push_back(fmt::format("{}/arrived/{}", o.store_prefix, r));
     base->wait(arrived, left());
     base->setTimeout(left());
-    impl_->store = c10::make_intrusive<c10d::PrefixStore>("gradagg", base);
+    impl_->store = c10::make_intrusive<c10d::PrefixStore>(o.store_prefix, base);
     auto options = c10d::ProcessGroupGloo::Options::create(o.timeout);
     options->devices.push_back(o.interface.empty()
                                    ? c10d::ProcessGroupGloo::createDefaultDevice()

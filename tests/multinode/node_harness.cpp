@@ -121,6 +121,8 @@ NodeResult trainNode(const NodeRun& run) {
   o.nodes.store_path = run.master_port > 0 ? "" : run.store;
   o.nodes.master_addr = "127.0.0.1";
   o.nodes.master_port = run.master_port;
+  o.nodes.external_store = run.external_store;
+  o.nodes.store_prefix = run.store_prefix;
   o.nodes.start_step = run.start_step;
   o.nodes.resume_identity = run.resume_identity;
   o.nodes.must_match = run.must_match;

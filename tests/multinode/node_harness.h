@@ -27,6 +27,8 @@ struct NodeRun {
   std::string store;
   std::chrono::milliseconds start_delay{0};  // this node starts that much later
   int master_port = 0;  // > 0: a TCPStore on 127.0.0.1 at this port instead of the FileStore
+  bool external_store = false;           // NodeOptions::external_store
+  std::string store_prefix = "gradagg";  // NodeOptions::store_prefix
   std::chrono::milliseconds timeout{20000};
   // NodeOptions' start-up agreement.
   std::int64_t start_step = 0;

@@ -4,6 +4,8 @@
 
 #include "node_harness.h"
 
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
 namespace gradagg_test {
 namespace {
 
@@ -66,6 +68,87 @@ TEST(NodeOptions, FromEnvironmentReadsTorchrunStyleVariables) {
   EXPECT_THROW(gradagg::NodeOptions::fromEnvironment(), gradagg::InvalidArgument);
   for (const char* v : {"GRADAGG_NNODES", "GRADAGG_NODE_RANK", "MASTER_ADDR", "MASTER_PORT"})
     ::unsetenv(v);
+}
+
+// The variables are process-wide: each test sets what it needs and removes them all.
+struct Environment {
+  explicit Environment(std::initializer_list<std::pair<const char*, const char*>> vars)
+      : vars_(vars) {
+    for (const auto& [name, value] : vars_) ::setenv(name, value, 1);
+  }
+  ~Environment() {
+    for (const auto& [name, value] : vars_) ::unsetenv(name);
+  }
+  std::vector<std::pair<const char*, const char*>> vars_;
+};
+
+// What torchrun 1.13 gives each process (local_elastic_agent.py), with
+// --nnodes 3 --nproc-per-node 1 and its default static rendezvous.
+TEST(NodeOptions, FromEnvironmentReadsTorchrunsVariables) {
+  Environment env({{"GROUP_WORLD_SIZE", "3"},
+                   {"GROUP_RANK", "1"},
+                   {"WORLD_SIZE", "3"},
+                   {"LOCAL_WORLD_SIZE", "1"},
+                   {"RANK", "1"},
+                   {"LOCAL_RANK", "0"},
+                   {"MASTER_ADDR", "10.1.2.3"},
+                   {"MASTER_PORT", "29400"},
+                   {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                   {"TORCHELASTIC_RESTART_COUNT", "2"}});
+  const auto o = gradagg::NodeOptions::fromEnvironment();
+  EXPECT_EQ(o.nodes, 3);
+  EXPECT_EQ(o.node_rank, 1);
+  EXPECT_EQ(o.master_addr, "10.1.2.3");
+  EXPECT_EQ(o.master_port, 29400);
+  EXPECT_TRUE(o.external_store);
+  EXPECT_EQ(o.store_prefix, "gradagg/attempt_2");
+  Environment explicit_ones({{"GRADAGG_NNODES", "2"}, {"GRADAGG_NODE_RANK", "0"}});
+  const auto e = gradagg::NodeOptions::fromEnvironment();
+  EXPECT_EQ(e.nodes, 2) << "GRADAGG_NNODES takes precedence";
+  EXPECT_EQ(e.node_rank, 0) << "GRADAGG_NODE_RANK takes precedence";
+}
+
+TEST(NodeOptions, FromEnvironmentReadsSlurmsVariables) {
+  Environment env({{"SLURM_NNODES", "4"},
+                   {"SLURM_NODEID", "3"},
+                   {"SLURM_JOB_NODELIST", "gpu[07-10,12],cpu1"}});
+  auto o = gradagg::NodeOptions::fromEnvironment();
+  EXPECT_EQ(o.nodes, 4);
+  EXPECT_EQ(o.node_rank, 3);
+  EXPECT_EQ(o.master_addr, "gpu07");
+  EXPECT_FALSE(o.external_store);
+  for (const auto& [list, first] : std::vector<std::pair<const char*, const char*>>{
+           {"n1,n2", "n1"}, {"solo", "solo"}, {"r[2-3]x,r9", "r2x"}, {"a[5]", "a5"}}) {
+    Environment nodes({{"SLURM_JOB_NODELIST", list}});
+    EXPECT_EQ(gradagg::NodeOptions::fromEnvironment().master_addr, first) << list;
+  }
+  Environment master({{"MASTER_ADDR", "10.0.0.9"}, {"GRADAGG_NODE_RANK", "1"}});
+  o = gradagg::NodeOptions::fromEnvironment();
+  EXPECT_EQ(o.master_addr, "10.0.0.9") << "MASTER_ADDR takes precedence";
+  EXPECT_EQ(o.node_rank, 1);
+  Environment bad({{"SLURM_NODEID", "third"}});
+  EXPECT_THROW(gradagg::NodeOptions::fromEnvironment(), gradagg::InvalidArgument);
+}
+
+// torchrun's static rendezvous: its agent on node 0 serves the TCPStore and every
+// node (node 0 too) connects to it as a client, under a per-attempt prefix.
+TEST_F(MultiNode, NodesMeetInALaunchersStore) {
+  c10d::TCPStoreOptions server;
+  server.port = 0;  // any free port
+  server.isServer = true;
+  server.waitWorkers = false;
+  auto agent = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", server);
+  NodeRun run;
+  run.nodes = 2;
+  run.master_port = agent->getPort();
+  run.external_store = true;
+  run.store_prefix = "gradagg/attempt_0";
+  NodeRun other = run;
+  other.node = 1;
+  const auto results = runNodes({run, other});
+  for (const auto& r : results) EXPECT_EQ(r.outcome, kOk) << r.what;
+  EXPECT_TRUE(bitIdentical(results[0].params, results[1].params));
+  EXPECT_TRUE(agent->check({"gradagg/attempt_0/arrived/1"})) << "the nodes used the agent's store";
 }
 
 }  // namespace
