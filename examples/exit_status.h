@@ -52,6 +52,16 @@ inline int fail(const char* program, const std::exception& e) {
   return exitCodeFor(e);
 }
 
+// main() of an example: run(argc, argv), or the code and one line for an error.
+template <typename Run>
+int runMain(const char* program, Run&& run, int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    return fail(program, e);
+  }
+}
+
 // Parses the command line. A bad flag prints CLI11's message and gives
 // kBadInput; --help prints the help and gives kDone. nullopt: go on.
 inline std::optional<int> parseCommandLine(CLI::App& app, int argc, char** argv) {

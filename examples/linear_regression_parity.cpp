@@ -125,10 +125,4 @@ int run(int argc, char** argv) {
 
 // Any error (a bad GRADAGG_* variable, a worker that dies, a node that does not
 // come) ends the demo with one line and an exit code (examples/exit_status.h).
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    return example::fail("linear_regression_parity", e);
-  }
-}
+int main(int argc, char** argv) { return example::runMain("linear_regression_parity", run, argc, argv); }

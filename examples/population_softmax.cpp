@@ -170,10 +170,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    return example::fail("population_softmax", e);
-  }
-}
+int main(int argc, char** argv) { return example::runMain("population_softmax", run, argc, argv); }

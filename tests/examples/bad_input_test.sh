@@ -12,12 +12,9 @@ data=${2:-/usr/share/datasets/fashion-mnist}
 parity=$bin/linear_regression_parity
 fashion=$bin/fashion_mnist
 population=$bin/population_softmax
-if [ ! -e "$data/train-images-idx3-ubyte.gz" ] && [ ! -e "$data/train-images-idx3-ubyte" ]; then
-  echo "skipped: no Fashion-MNIST in $data (Debian's dataset-fashion-mnist)"
-  exit 77
-fi
-work=$(mktemp -d "${TMPDIR:-/tmp}/gradagg-badinput-XXXXXX")
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/common.sh"
+need_fashion_data "$data"
+make_work_dir badinput
 
 runs=0
 failures=0

@@ -16,12 +16,9 @@ set -uo pipefail
 
 fashion=$1
 data=${2:-/usr/share/datasets/fashion-mnist}
-if [ ! -e "$data/train-images-idx3-ubyte.gz" ] && [ ! -e "$data/train-images-idx3-ubyte" ]; then
-  echo "skipped: no Fashion-MNIST in $data (Debian's dataset-fashion-mnist)"
-  exit 77
-fi
-work=$(mktemp -d "${TMPDIR:-/tmp}/gradagg-ckptsafety-XXXXXX")
-trap 'pkill -KILL -f "$work" 2>/dev/null; rm -rf "$work"' EXIT
+source "$(dirname "$0")/common.sh"
+need_fashion_data "$data"
+make_work_dir ckptsafety
 failures=0
 fail() {
   failures=$((failures + 1))

@@ -9,12 +9,9 @@ set -uo pipefail
 fashion=$1
 tries=${2:-3}
 data=${3:-/usr/share/datasets/fashion-mnist}
-if [ ! -e "$data/train-images-idx3-ubyte.gz" ] && [ ! -e "$data/train-images-idx3-ubyte" ]; then
-  echo "skipped: no Fashion-MNIST in $data (Debian's dataset-fashion-mnist)"
-  exit 77
-fi
-work=$(mktemp -d "${TMPDIR:-/tmp}/gradagg-suspend-XXXXXX")
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/common.sh"
+need_fashion_data "$data"
+make_work_dir suspend
 
 survived=0
 for try in $(seq 1 "$tries"); do
