@@ -30,6 +30,14 @@ enum class BufferSync {
   kKeepParent,  // workers' updates are discarded; the parent's buffers stay as they are
 };
 
+// What float32 gradients travel as between nodes.
+enum class Compression {
+  kNone,       // as they are
+  kBFloat16,   // bf16 on the wire (half the bytes), summed in float32 and rounded to
+               // bf16 once per addition; the status (counts, flags) stays exact in
+               // a second, small collective. Float64 gradients are never compressed.
+};
+
 // Several machines (nodes): inside each, workers reduce through shared memory;
 // across them the node parents allreduce with LibTorch's c10d ProcessGroupGloo.
 // A single-node run (nodes == 1) needs none of this and pays nothing for it.
@@ -59,6 +67,8 @@ struct NodeOptions {
   // Every this many steps, the nodes compare a checksum of their parameters
   // (GRADAGG_CHECKSUM_INTERVAL); 0 = never.
   int checksum_interval = 100;
+  // Off by default, like DDP's fp16 compression hook (GRADAGG_COMPRESSION=bf16).
+  Compression compression = Compression::kNone;
 
   // What every node must agree on before a step runs. At the rendezvous the
   // nodes compare them; any difference is an InvalidArgument on every node

@@ -27,6 +27,8 @@ struct StepReport {
   double compute_ms = 0;      // parent: from the command until every range is reduced
   double reduce_ms = 0;       // the slowest worker's reduce_ms (the sum runs in the workers)
   double node_ms = 0;         // across nodes: the node parents' collectives (0 on one node)
+  std::uint64_t node_bytes = 0;  // across nodes: the bytes this node put into them (halved
+                                 // with NodeOptions::compression = kBFloat16)
   double apply_ms = 0;        // parent: pointing .grad at the result, buffers, this report
   double total_ms = 0;        // the whole step() call
   bool skipped = false;       // NonFinitePolicy::kSkipStep skipped this step

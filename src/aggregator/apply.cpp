@@ -100,6 +100,7 @@ void Applier::report(StepReport& report, std::int64_t step, const StepTotals& to
   report.apply_ms = Ms(end - times.reduced).count();
   report.total_ms = Ms(end - times.begin).count();
   report.node_ms = times.node_ms;
+  report.node_bytes = totals.wire_bytes;
 }
 
 }  // namespace gradagg::detail

@@ -139,6 +139,17 @@ NodeOptions NodeOptions::fromEnvironment(NodeOptions o) {
   number("GRADAGG_NODE_TIMEOUT_MS", timeout_ms);
   o.timeout = std::chrono::milliseconds(timeout_ms);
   number("GRADAGG_CHECKSUM_INTERVAL", o.checksum_interval);
+  if (set("GRADAGG_COMPRESSION")) {
+    const std::string v = std::getenv("GRADAGG_COMPRESSION");
+    if (v == "none") {
+      o.compression = Compression::kNone;
+    } else if (v == "bf16") {
+      o.compression = Compression::kBFloat16;
+    } else {
+      throw InvalidArgument(fmt::format(
+          "environment variable GRADAGG_COMPRESSION: expected none or bf16, got '{}'", v));
+    }
+  }
   return o;
 }
 

@@ -35,6 +35,9 @@ struct StepTotals {
   // across nodes.
   double loss = 0;
   std::int64_t samples = 0;
+  // After the stage: the bytes this node contributed to the step's collectives
+  // (0 on one node).
+  std::uint64_t wire_bytes = 0;
 };
 
 class ReductionStage {

@@ -208,15 +208,42 @@ CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBindin
   const std::uint64_t param_bytes = segment_.layout.sizes.param_bytes;
   if (runs.empty()) runs.push_back(Run{c10::ScalarType::Double, param_bytes, param_bytes});
   status_dtype_ = runs.back().dtype;
-  runs.back().end = param_bytes + c10::elementSize(status_dtype_) * (kStatusFields + params.size());
-  for (const Run& run : runs) {
-    const auto count =
-        static_cast<std::int64_t>((run.end - run.begin) / c10::elementSize(run.dtype));
-    for (int i = 0; i < 2; ++i) {
-      runs_[i].push_back(at::from_blob(segment_.result(i) + run.begin, {count},
-                                       at::TensorOptions().dtype(run.dtype)));
-      sums_[i].push_back(group_.bindSum(runs_[i].back()));
+  const std::uint64_t status_end =
+      param_bytes + c10::elementSize(status_dtype_) * (kStatusFields + params.size());
+  auto view = [&](int i, std::uint64_t begin, std::uint64_t end, c10::ScalarType dtype) {
+    const auto count = static_cast<std::int64_t>((end - begin) / c10::elementSize(dtype));
+    return at::from_blob(segment_.result(i) + begin, {count}, at::TensorOptions().dtype(dtype));
+  };
+  if (options.compression == Compression::kNone) {
+    // The status rides at the end of the last run: one collective per dtype run.
+    runs.back().end = status_end;
+    for (const Run& run : runs) {
+      for (int i = 0; i < 2; ++i) {
+        runs_[i].push_back(view(i, run.begin, run.end, run.dtype));
+        sums_[i].push_back(group_.bindSum(runs_[i].back()));
+      }
+      wire_bytes_ += run.end - run.begin;
     }
+  } else {
+    // float32 runs travel as bf16 through one wire buffer each (shared by both
+    // result regions); float64 runs as they are; the status in a collective of
+    // its own, so it stays exact.
+    for (const Run& run : runs) {
+      if (run.end == run.begin) continue;
+      for (int i = 0; i < 2; ++i) runs_[i].push_back(view(i, run.begin, run.end, run.dtype));
+      if (run.dtype == at::kFloat) {
+        wire_.push_back({at::empty({runs_[0].back().numel()}, at::kBFloat16), runs_[0].size() - 1});
+        const int handle = group_.bindSum(wire_.back().buffer);
+        for (int i = 0; i < 2; ++i) sums_[i].push_back(handle);
+        wire_bytes_ += wire_.back().buffer.nbytes();
+      } else {
+        for (int i = 0; i < 2; ++i) sums_[i].push_back(group_.bindSum(runs_[i].back()));
+        wire_bytes_ += run.end - run.begin;
+      }
+    }
+    for (int i = 0; i < 2; ++i)
+      sums_[i].push_back(group_.bindSum(view(i, param_bytes, status_end, status_dtype_)));
+    wire_bytes_ += status_end - param_bytes;
   }
   group_.endRendezvous();
 }
@@ -278,13 +305,17 @@ StepTotals CrossNode::reduce(const StepTotals& local, std::vector<std::uint8_t>&
     writeStatus(reinterpret_cast<float*>(status), local, any_grad);
   // A node whose workers failed sends whatever its result holds: every node
   // then sees the failure in the status and discards the sums.
+  for (Wire& w : wire_) w.buffer.copy_(runs_[result][w.run]);  // rounded to bf16
   group_.allreduceBound(sums_[result], "the cross-node allreduce of the step");
+  for (Wire& w : wire_) runs_[result][w.run].copy_(w.buffer);  // exact
   const StepTotals all = wide ? readStatus(reinterpret_cast<const double*>(status), any_grad)
                               : readStatus(reinterpret_cast<const float*>(status), any_grad);
-  if (all.failed || all.non_finite) return all;
+  StepTotals out = all;
+  out.wire_bytes = wire_bytes_;
+  if (all.failed || all.non_finite) return out;
   divide(result, any_grad, all.weight_total);
   if (gather_buffers_) gatherBuffers();
-  return all;
+  return out;
 }
 
 void CrossNode::divide(int result, const std::vector<std::uint8_t>& any_grad, double total) {

@@ -16,7 +16,9 @@
 //     (the other nodes send zeros) are allreduced into slot 0's buffer area,
 //     where the parent takes worker 0's buffers from as on one node.
 // Gloo's ring gives every node the same bits, so every node takes the same
-// optimizer step. Counts travel as two exact parts (hi * 4096 + lo), so a
+// optimizer step. With Compression::kBFloat16 float32 runs travel as bf16
+// (each addition in float32, rounded to bf16) and the status in a second,
+// small collective, so it stays exact. Counts travel as two exact parts (hi * 4096 + lo), so a
 // float32 status stays exact up to 2^36.
 #pragma once
 
@@ -74,6 +76,14 @@ class CrossNode final : public ReductionStage {
   // their sums bound once in the node group.
   std::vector<at::Tensor> runs_[2];
   std::vector<int> sums_[2];
+  // Compression::kBFloat16: per float32 run, the bf16 buffer that travels
+  // instead (bound once; both result regions copy through it).
+  struct Wire {
+    at::Tensor buffer;
+    std::size_t run;  // index into runs_[result]
+  };
+  std::vector<Wire> wire_;
+  std::uint64_t wire_bytes_ = 0;  // per step, from this node
   c10::ScalarType status_dtype_ = c10::ScalarType::Double;
   std::vector<at::Tensor> slot0_buffers_;  // views of slot 0's buffer area
 };

@@ -8,6 +8,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 
+#include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -150,10 +151,24 @@ void NodeGroup::allreduceSum(at::Tensor& t, const char* what) {
   }
 }
 
+namespace {
+// bf16 + bf16 in float32, rounded to bf16 (nearest even) once.
+void sumBFloat16(void* out, const void* a, const void* b, std::size_t n) {
+  auto* c = static_cast<c10::BFloat16*>(out);
+  const auto* x = static_cast<const c10::BFloat16*>(a);
+  const auto* y = static_cast<const c10::BFloat16*>(b);
+  for (std::size_t i = 0; i < n; ++i)
+    c[i] = c10::BFloat16(static_cast<float>(x[i]) + static_cast<float>(y[i]));
+}
+}  // namespace
+
 int NodeGroup::bindSum(const at::Tensor& tensor) {
   auto sum = std::make_unique<::gloo::AllreduceOptions>(impl_->context);
   const auto count = static_cast<std::size_t>(tensor.numel());
-  if (tensor.scalar_type() == at::kDouble) {
+  if (tensor.scalar_type() == at::kBFloat16) {
+    sum->setOutput(reinterpret_cast<std::uint16_t*>(tensor.data_ptr()), count);
+    sum->setReduceFunction(&sumBFloat16);
+  } else if (tensor.scalar_type() == at::kDouble) {
     sum->setOutput(tensor.data_ptr<double>(), count);
     sum->setReduceFunction(
         static_cast<void (*)(void*, const void*, const void*, std::size_t)>(&::gloo::sum<double>));

@@ -37,7 +37,7 @@ class NodeGroup {
   // memory must stay put), run in the calling thread by gloo directly over this
   // group's own connections. On a small gradient c10d's hand-off to its worker
   // threads and back costs more than the transfer. Returns a handle for
-  // allreduceBound().
+  // allreduceBound(). float32, float64 or bfloat16 (summed in float32).
   int bindSum(const at::Tensor& tensor);
   // Runs the bound sums `handles`, in order, in place. Throws NodeFailed.
   void allreduceBound(const std::vector<int>& handles, const char* what);

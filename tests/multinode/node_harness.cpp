@@ -66,13 +66,14 @@ void send(int fd, const NodeResult& r) {
   std::ostringstream buf;
   torch::save(r.params, buf);
   const std::string blob = buf.str();
-  const int64_t header[7] = {r.outcome,
+  const int64_t header[8] = {r.outcome,
                              r.usable_after,
                              r.children_after,
                              r.retry,
                              static_cast<int64_t>(r.what.size()),
                              static_cast<int64_t>(r.retry_what.size()),
-                             static_cast<int64_t>(blob.size())};
+                             static_cast<int64_t>(blob.size()),
+                             static_cast<int64_t>(r.node_bytes)};
   writeAll(fd, header, sizeof(header));
   writeAll(fd, &r.seconds, sizeof(r.seconds));
   writeAll(fd, r.what.data(), r.what.size());
@@ -83,8 +84,9 @@ void send(int fd, const NodeResult& r) {
 // Nothing (outcome kOther) when the node died before it sent anything.
 NodeResult receive(int fd) {
   NodeResult r;
-  int64_t header[7];
+  int64_t header[8];
   if (!readAll(fd, header, sizeof(header))) return r;
+  r.node_bytes = static_cast<std::uint64_t>(header[7]);
   r.outcome = static_cast<Outcome>(header[0]);
   r.usable_after = header[1] != 0;
   r.children_after = static_cast<int>(header[2]);
@@ -110,8 +112,8 @@ void PrintTo(Outcome outcome, std::ostream* os) {
 }
 
 NodeResult trainNode(const NodeRun& run) {
-  auto model = makeModel(run.kind, torch::kDouble);
-  const Data data = makeData(run.kind, run.batch, torch::kDouble);
+  auto model = makeModel(run.kind, run.dtype);
+  const Data data = makeData(run.kind, run.batch, run.dtype);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.5));
   gradagg::Options o;
   o.workers = run.workers;
@@ -123,6 +125,7 @@ NodeResult trainNode(const NodeRun& run) {
   o.nodes.master_port = run.master_port;
   o.nodes.external_store = run.external_store;
   o.nodes.store_prefix = run.store_prefix;
+  o.nodes.compression = run.compression;
   o.nodes.start_step = run.start_step;
   o.nodes.resume_identity = run.resume_identity;
   o.nodes.must_match = run.must_match;
@@ -149,7 +152,7 @@ NodeResult trainNode(const NodeRun& run) {
             o);
         for (int s = 0; s < run.steps; ++s) {
           sgd.zero_grad();
-          agg->step();
+          result.node_bytes = agg->step().node_bytes;
           sgd.step();
           if (s == run.perturb_after_step) {
             torch::NoGradGuard no_grad;

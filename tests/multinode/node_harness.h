@@ -21,6 +21,8 @@ struct NodeRun {
   int nodes = 1;
   int workers = 2;
   ModelKind kind = ModelKind::kMlp;
+  torch::Dtype dtype = torch::kDouble;
+  gradagg::Compression compression = gradagg::Compression::kNone;
   int64_t batch = 24;
   int steps = 4;
   bool unequal = false;
@@ -58,6 +60,7 @@ struct NodeResult {
   std::string what;          // the error's message
   std::vector<torch::Tensor> params;
   double seconds = 0;
+  std::uint64_t node_bytes = 0;  // StepReport::node_bytes of the last step
   // After a NodeFailed: what the node's aggregator was left as (include/gradagg/errors.h
   // says: workers stopped, no longer usable), and how one more step() ended.
   bool usable_after = false;
