@@ -48,7 +48,8 @@ double msSince(Clock::time_point t0) {
 constexpr double kLearningRate = 0.01;
 constexpr std::uint64_t kSeed = 20240601;
 constexpr auto kPeerTimeout = std::chrono::minutes(10);
-const std::vector<std::string> kModes = {"single", "shm", "gloo", "shm-2nodes", "reduce-only"};
+const std::vector<std::string> kModes = {"single",          "shm",        "gloo", "shm-2nodes",
+                                         "shm-2nodes-bf16", "reduce-only"};
 
 // ---- models and data -------------------------------------------------------
 
@@ -386,9 +387,12 @@ Row runGloo(const ModelSpec& spec, const Data& data, const Config& cfg, int warm
   return row;
 }
 
-Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg) {
+// compression: the float32 gradients cross as bf16 (mode shm-2nodes-bf16).
+Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg,
+             gradagg::Compression compression) {
   struct NodeTimes {
     double total_ms, node_ms, reduce_ms;
+    std::uint64_t node_bytes;
   };
   const int per_node = std::max(1, cfg.workers / 2);
   const int total_steps = cfg.warmup + cfg.steps;
@@ -406,12 +410,13 @@ Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg) {
     options.nodes.store_path = dir.path() + "/store";
     options.nodes.interface = "lo";
     options.nodes.checksum_interval = 0;
+    options.nodes.compression = compression;
     gradagg::Aggregator agg(*model, shmShard(model, data, spec), options);
     for (int s = 0; s < total_steps; ++s) {
       const auto t0 = Clock::now();
       const gradagg::StepReport& r = agg.step();
       opt.step();
-      if (node == 0) times[s] = NodeTimes{msSince(t0), r.node_ms, r.reduce_ms};
+      if (node == 0) times[s] = NodeTimes{msSince(t0), r.node_ms, r.reduce_ms, r.node_bytes};
     }
     return 0;
   });
@@ -422,13 +427,15 @@ Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg) {
     node_ms.push_back(times[s].node_ms);
     reduce.push_back(times[s].reduce_ms);
   }
-  Row row = makeRow(spec, "shm-2nodes", 2 * per_node, 1, cfg.steps);
+  const bool bf16 = compression == gradagg::Compression::kBFloat16;
+  Row row = makeRow(spec, bf16 ? "shm-2nodes-bf16" : "shm-2nodes", 2 * per_node, 1, cfg.steps);
   row.ms_per_step = median(total);
   row.p90_ms = percentile90(total);
   row.reduce_ms = median(reduce);
   row.sync_us = 1000 * median(node_ms);
   row.extra["node_ms"] = median(node_ms);
-  row.extra["bytes_per_node_per_step"] = 4.0 * static_cast<double>(paramCount(spec));
+  // What this node put into the step's collectives (StepReport::node_bytes).
+  row.extra["bytes_per_node_per_step"] = static_cast<double>(times[total_steps - 1].node_bytes);
   const double gloo =
       glooAllreduceMs(2, static_cast<std::size_t>(paramCount(spec)), std::max(cfg.steps, 50), 1);
   row.extra["gloo_allreduce_ms"] = gloo;
@@ -591,7 +598,8 @@ int run(int argc, char** argv) {
                  "intra-op threads in single mode (default: all cores)")
       ->check(CLI::PositiveNumber);
   app.add_option("--modes", modes,
-                 "comma list of single, shm, gloo, shm-2nodes, reduce-only (default all)");
+                 "comma list of single, shm, gloo, shm-2nodes, shm-2nodes-bf16, reduce-only "
+                 "(default all)");
   app.add_option("--json", cfg.json, "write one JSON object per configuration (JSON Lines) here");
   app.add_option("--accumulate", cfg.accumulate,
                  "shm: each worker's share of the batch as this many micro-batches, accumulated "
@@ -627,7 +635,7 @@ int run(int argc, char** argv) {
         cfg.modes.insert(m);
       } else {
         throw CLI::ValidationError(
-            "--modes", "'" + m + "': expected single, shm, gloo, shm-2nodes, reduce-only or all");
+            "--modes", "'" + m + "': expected single, shm, gloo, shm-2nodes, shm-2nodes-bf16, reduce-only or all");
       }
     }
   } catch (const CLI::ParseError& e) {
@@ -681,7 +689,10 @@ int run(int argc, char** argv) {
     }
     if (cfg.modes.count("shm")) record(speedup(runShm(spec, data, cfg)));
     if (cfg.modes.count("gloo")) record(speedup(runGloo(spec, data, cfg, cfg.warmup, cfg.steps)));
-    if (cfg.modes.count("shm-2nodes")) record(speedup(runNodes(spec, data, cfg)));
+    if (cfg.modes.count("shm-2nodes"))
+      record(speedup(runNodes(spec, data, cfg, gradagg::Compression::kNone)));
+    if (cfg.modes.count("shm-2nodes-bf16"))
+      record(speedup(runNodes(spec, data, cfg, gradagg::Compression::kBFloat16)));
     if (cfg.modes.count("reduce-only")) record(runReduceOnly(spec, cfg));
   }
 

@@ -123,6 +123,12 @@ int run(int argc, char** argv) {
                  "a FileStore path every node sees, instead (GRADAGG_STORE_PATH)");
   app.add_option("--ifname", config.nodes.interface,
                  "network interface for Gloo (GRADAGG_SOCKET_IFNAME)");
+  app.add_option("--compression", config.nodes.compression,
+                 "what float32 gradients cross the nodes as: none or bf16 (GRADAGG_COMPRESSION)")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, gradagg::Compression>{{"none", gradagg::Compression::kNone},
+                                                      {"bf16", gradagg::Compression::kBFloat16}},
+          CLI::ignore_case));
   app.add_option("--metrics", metrics_path, "append a CSV line per epoch to FILE");
   app.add_option("--checkpoint", config.checkpoint,
                  "save model, optimizer, position and RNG to FILE after every epoch and on stop");

@@ -108,6 +108,8 @@ int workersSharingCores(const std::vector<std::string>& ids, int me) {
 std::map<std::string, std::string> agreementOf(const NodeOptions& o) {
   std::map<std::string, std::string> fields;
   fields["start_step"] = std::to_string(o.start_step);
+  // The step's collectives must have the same shape everywhere.
+  fields["compression"] = o.compression == Compression::kBFloat16 ? "bf16" : "none";
   fields["resume_identity"] =
       o.resume_identity.empty() ? "(a fresh start)" : "checkpoint " + o.resume_identity;
   for (const auto& [key, value] : o.must_match) fields["must_match[" + key + "]"] = value;

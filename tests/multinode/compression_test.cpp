@@ -55,3 +55,23 @@ TEST_F(MultiNode, Float64GradientsAreNeverCompressed) {
 
 }  // namespace
 }  // namespace gradagg_test
+
+namespace gradagg_test {
+namespace {
+
+TEST_F(MultiNode, NodesThatCompressDifferentlyAreRefusedOnEveryNode) {
+  NodeRun run;
+  run.nodes = 2;
+  run.store = store("mixed");
+  NodeRun other = run;
+  other.node = 1;
+  other.compression = gradagg::Compression::kBFloat16;
+  for (const auto& r : runNodes({run, other})) {
+    EXPECT_EQ(r.outcome, kInvalidArgument) << r.what;
+    EXPECT_NE(r.what.find("disagree on compression"), std::string::npos) << r.what;
+    EXPECT_NE(r.what.find("node 0: none, node 1: bf16"), std::string::npos) << r.what;
+  }
+}
+
+}  // namespace
+}  // namespace gradagg_test
