@@ -9,9 +9,12 @@
 // kernel, next to a streaming c = a + b over as many bytes and a Gloo allreduce
 // of the same buffer. --check compares one step's mean gradient of shm and gloo.
 // See bench/README.md for the columns.
+#include <fcntl.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -22,6 +25,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <torch/torch.h>
@@ -48,8 +52,9 @@ double msSince(Clock::time_point t0) {
 constexpr double kLearningRate = 0.01;
 constexpr std::uint64_t kSeed = 20240601;
 constexpr auto kPeerTimeout = std::chrono::minutes(10);
-const std::vector<std::string> kModes = {"single",          "shm",        "gloo", "shm-2nodes",
-                                         "shm-2nodes-bf16", "reduce-only"};
+const std::vector<std::string> kModes = {"single",     "shm",        "gloo",
+                                         "shm-1node",  "shm-2nodes", "shm-2nodes-bf16",
+                                         "reduce-only"};
 
 // ---- models and data -------------------------------------------------------
 
@@ -297,6 +302,30 @@ Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
 Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg);
 double glooAllreduceMs(int n, std::size_t count, int samples, int threads);
 
+// ---- an emulated cluster (tests/cluster/cluster.sh) ------------------------------
+// With --cluster PREFIX (from `cluster.sh up 2 RATE`) every forked node and Gloo
+// peer k enters machine k % 2's network namespace (PREFIXn<m>) and talks over its
+// rate-limited veth (PREFIXv<m>, 10.213.0.<m+1>): the cross-node traffic of the
+// shm-2nodes and gloo rows crosses the emulated link. Without it: loopback.
+std::string g_cluster;
+
+struct ClusterMachine {
+  std::string interface, address;
+};
+
+// In a forked child, before it creates a socket. setns() moves the calling thread
+// (the child's only one so far); threads it starts later inherit the namespace.
+ClusterMachine enterMachine(int k) {
+  if (g_cluster.empty()) return {"lo", "127.0.0.1"};
+  const int m = k % 2;
+  const std::string ns = "/run/netns/" + g_cluster + "n" + std::to_string(m);
+  const int fd = ::open(ns.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0)
+    throw std::system_error(errno, std::generic_category(), "gradagg-bench: entering " + ns);
+  ::close(fd);
+  return {g_cluster + "v" + std::to_string(m), "10.213.0." + std::to_string(m + 1)};
+}
+
 // ---- gloo (forked peers, DDP style) ---------------------------------------------
 
 // A fresh directory for one group's FileStore, removed with everything in it.
@@ -310,6 +339,7 @@ void runGlooGroup(int n, int threads, const std::function<void(int, GlooPeer&)>&
   peers.spawn(n, [&](int rank) {
     at::set_num_threads(threads);
     GlooPeer::Options options;
+    options.hostname = enterMachine(rank).address;
     options.store_path = dir.path() + "/store";
     options.rank = rank;
     options.size = n;
@@ -401,6 +431,7 @@ Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg,
   auto* times = static_cast<NodeTimes*>(sharedMapping(shared, sizeof(NodeTimes) * total_steps));
   ForkedPeers nodes;
   nodes.spawn(2, [&](int node) {
+    const ClusterMachine machine = enterMachine(node);
     Mlp model = makeModel(spec);
     torch::optim::SGD opt(model->parameters(), kLearningRate);
     gradagg::Options options;
@@ -408,7 +439,7 @@ Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg,
     options.nodes.nodes = 2;
     options.nodes.node_rank = node;
     options.nodes.store_path = dir.path() + "/store";
-    options.nodes.interface = "lo";
+    options.nodes.interface = machine.interface;
     options.nodes.checksum_interval = 0;
     options.nodes.compression = compression;
     gradagg::Aggregator agg(*model, shmShard(model, data, spec), options);
@@ -598,8 +629,11 @@ int run(int argc, char** argv) {
                  "intra-op threads in single mode (default: all cores)")
       ->check(CLI::PositiveNumber);
   app.add_option("--modes", modes,
-                 "comma list of single, shm, gloo, shm-2nodes, shm-2nodes-bf16, reduce-only "
-                 "(default all)");
+                 "comma list of single, shm, gloo, shm-1node, shm-2nodes, shm-2nodes-bf16, "
+                 "reduce-only (default all)");
+  app.add_option("--cluster", g_cluster,
+                 "run the nodes and Gloo peers in an emulated cluster's namespaces (the prefix "
+                 "`tests/cluster/cluster.sh up 2 RATE` prints), over its limited link");
   app.add_option("--json", cfg.json, "write one JSON object per configuration (JSON Lines) here");
   app.add_option("--accumulate", cfg.accumulate,
                  "shm: each worker's share of the batch as this many micro-batches, accumulated "
@@ -635,7 +669,9 @@ int run(int argc, char** argv) {
         cfg.modes.insert(m);
       } else {
         throw CLI::ValidationError(
-            "--modes", "'" + m + "': expected single, shm, gloo, shm-2nodes, shm-2nodes-bf16, reduce-only or all");
+            "--modes", "'" + m +
+                "': expected single, shm, gloo, shm-1node, shm-2nodes, shm-2nodes-bf16, "
+                "reduce-only or all");
       }
     }
   } catch (const CLI::ParseError& e) {
@@ -689,6 +725,16 @@ int run(int argc, char** argv) {
     }
     if (cfg.modes.count("shm")) record(speedup(runShm(spec, data, cfg)));
     if (cfg.modes.count("gloo")) record(speedup(runGloo(spec, data, cfg, cfg.warmup, cfg.steps)));
+    if (cfg.modes.count("shm-1node")) {
+      // One node with shm-2nodes' workers per node, at the same per-worker batch.
+      Config one = cfg;
+      one.workers = std::max(1, cfg.workers / 2);
+      ModelSpec half = spec;
+      half.batch = std::max<std::int64_t>(1, spec.batch / 2);
+      Row row = runShm(half, makeData(half), one);
+      row.mode = "shm-1node";
+      record(row);
+    }
     if (cfg.modes.count("shm-2nodes"))
       record(speedup(runNodes(spec, data, cfg, gradagg::Compression::kNone)));
     if (cfg.modes.count("shm-2nodes-bf16"))
