@@ -199,6 +199,7 @@ TEST_F(GradaggTest, KilledParentTakesEveryWorkerWithItWithinASecond) {
 }
 
 TEST_F(GradaggTest, StoppedWorkerMissesTheDeadlineAndIsNamed) {
+  ownProcessGroup();  // nothing but this test continues the stopped worker
   auto model = makeModel(ModelKind::kLinear, torch::kFloat);
   const Data data = makeData(ModelKind::kLinear, 4, torch::kFloat);
   gradagg::Options o;

@@ -81,9 +81,9 @@ start_node() {
   shift
   cluster_node_index "$k"
   # A simple command in the background: its pid is ip's, which execs env,
-  # which execs stdbuf (line-buffered output: the log shows progress as it
-  # happens), which execs the binary.
-  ip netns exec "$(cluster_ns "$k")" env "${envs[@]}" stdbuf -oL -eL "$@" >"$LOG_DIR/node$k.log" 2>&1 &
+  # which execs the binary. (No stdbuf: its LD_PRELOAD comes before the
+  # sanitizer runtime of an ASan build; the examples flush their progress lines.)
+  ip netns exec "$(cluster_ns "$k")" env "${envs[@]}" "$@" >"$LOG_DIR/node$k.log" 2>&1 &
   NODE_PID[$k]=$!
 }
 

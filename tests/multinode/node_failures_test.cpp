@@ -24,6 +24,7 @@ TEST_F(MultiNode, AKilledNodeEndsTheOtherWithNodeFailedWithinTheTimeout) {
 }
 
 TEST_F(MultiNode, AStalledNodeEndsTheOtherWithNodeFailedAfterTheTimeout) {
+  ownProcessGroup();  // nothing but the harness continues the stopped node
   NodeRun run;
   run.nodes = 2;
   run.store = store("f");

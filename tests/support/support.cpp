@@ -1,6 +1,7 @@
 #include "support.h"
 
 #include <dirent.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <fstream>
@@ -257,5 +258,7 @@ void GradaggTest::TearDown() {
   EXPECT_TRUE(childPids().empty())
       << "a test left " << childPids().size() << " child process(es) behind";
 }
+
+void ownProcessGroup() { (void)::setpgid(0, 0); }
 
 }  // namespace gradagg_test

@@ -63,6 +63,15 @@ double relErr(const torch::Tensor& a, const torch::Tensor& b);
 void expectClose(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want,
                  double tol, const std::string& what);
 
+// For tests that SIGSTOP a worker or a node: moves this process into a process
+// group of its own (setpgid(0, 0); a session leader stays put). POSIX has the
+// kernel send SIGHUP and SIGCONT to the stopped members of a process group that
+// becomes orphaned when a process exits; in a parallel test run (all tests in
+// one group under a parent that went away) that continued a stopped worker.
+// A group whose leader's parent (ctest) is in another group of the same session
+// is never orphaned.
+void ownProcessGroup();
+
 // Child processes of this process (all threads), from /proc.
 std::vector<pid_t> childPids();
 
