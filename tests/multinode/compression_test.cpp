@@ -53,12 +53,6 @@ TEST_F(MultiNode, Float64GradientsAreNeverCompressed) {
   EXPECT_GE(bf16[0].node_bytes, 8 * elements(bf16[0].params)) << "as float64, 8 bytes each";
 }
 
-}  // namespace
-}  // namespace gradagg_test
-
-namespace gradagg_test {
-namespace {
-
 TEST_F(MultiNode, NodesThatCompressDifferentlyAreRefusedOnEveryNode) {
   NodeRun run;
   run.nodes = 2;
