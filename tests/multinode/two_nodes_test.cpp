@@ -1,5 +1,8 @@
 // Two nodes train as one: the same parameters as one node with all the workers,
 // bitwise identical on both nodes; NodeOptions from torchrun-style variables.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdlib>
 
 #include "node_harness.h"
@@ -131,24 +134,48 @@ TEST(NodeOptions, FromEnvironmentReadsSlurmsVariables) {
 }
 
 // torchrun's static rendezvous: its agent on node 0 serves the TCPStore and every
-// node (node 0 too) connects to it as a client, under a per-attempt prefix.
+// node (node 0 too) connects to it as a client, under a per-attempt prefix. The
+// agent is a process of its own, as torchrun's is: a store server's thread in
+// this process could hold a lock of the allocator when the nodes are forked.
 TEST_F(MultiNode, NodesMeetInALaunchersStore) {
-  c10d::TCPStoreOptions server;
-  server.port = 0;  // any free port
-  server.isServer = true;
-  server.waitWorkers = false;
-  auto agent = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", server);
+  int port_pipe[2], done_pipe[2];
+  ASSERT_EQ(::pipe(port_pipe), 0);
+  ASSERT_EQ(::pipe(done_pipe), 0);
+  const pid_t agent = ::fork();
+  if (agent == 0) {
+    ::close(port_pipe[0]);
+    ::close(done_pipe[1]);
+    c10d::TCPStoreOptions server;
+    server.port = 0;  // any free port
+    server.isServer = true;
+    server.waitWorkers = false;
+    auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", server);
+    const int port = store->getPort();
+    (void)!::write(port_pipe[1], &port, sizeof port);
+    char done = 0;
+    (void)!::read(done_pipe[0], &done, 1);  // until the nodes are done
+    ::_exit(store->check({"gradagg/attempt_0/arrived/1"}) ? 0 : 1);
+  }
+  ::close(port_pipe[1]);
+  ::close(done_pipe[0]);
+  int port = 0;
+  ASSERT_EQ(::read(port_pipe[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
   NodeRun run;
   run.nodes = 2;
-  run.master_port = agent->getPort();
+  run.master_port = port;
   run.external_store = true;
   run.store_prefix = "gradagg/attempt_0";
   NodeRun other = run;
   other.node = 1;
   const auto results = runNodes({run, other});
+  ::close(done_pipe[1]);  // the agent reads end of file
+  ::close(port_pipe[0]);
+  int status = 0;
+  ::waitpid(agent, &status, 0);
   for (const auto& r : results) EXPECT_EQ(r.outcome, kOk) << r.what;
   EXPECT_TRUE(bitIdentical(results[0].params, results[1].params));
-  EXPECT_TRUE(agent->check({"gradagg/attempt_0/arrived/1"})) << "the nodes used the agent's store";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the nodes did not use the agent's store (status " << status << ")";
 }
 
 }  // namespace
