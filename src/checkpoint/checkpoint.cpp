@@ -7,8 +7,6 @@
 
 #include <sys/stat.h>
 
-#include <cerrno>
-#include <cstring>
 #include <mutex>
 #include <sstream>
 
@@ -101,9 +99,7 @@ void Checkpoint::save(torch::nn::Module& model, const torch::optim::Optimizer& o
 
 TrainingState Checkpoint::load(const ModelView& model, torch::optim::Optimizer* optimizer,
                                const std::map<std::string, std::string>& settings) const {
-  struct stat st {};
-  if (::stat(path_.c_str(), &st) != 0) fail(path_, fmt::format("cannot be read: {}", std::strerror(errno)));
-  const std::string payload = detail::readVerified(path_);
+  const std::string payload = detail::readVerified(path_);  // names a missing file too
   torch::serialize::InputArchive archive;
   TrainingState state;
   std::vector<at::Tensor> params, buffers;

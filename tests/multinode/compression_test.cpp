@@ -20,15 +20,21 @@ std::vector<NodeResult> twoNodes(NodeRun run) {
   return runNodes({run, other});
 }
 
+// The same two-node training without and with bf16 on the wire, each over its own store.
+std::pair<std::vector<NodeResult>, std::vector<NodeResult>> withoutAndWithBf16(
+    NodeRun run, const std::string& full_store, const std::string& bf16_store) {
+  run.store = full_store;
+  auto full = twoNodes(run);
+  run.compression = gradagg::Compression::kBFloat16;
+  run.store = bf16_store;
+  return {std::move(full), twoNodes(run)};
+}
+
 TEST_F(MultiNode, Bf16OnTheWireHalvesTheBytesAndStaysCloseToFullPrecision) {
   NodeRun run;
   run.dtype = torch::kFloat;
   run.steps = 4;
-  run.store = store("full");
-  const auto full = twoNodes(run);
-  run.compression = gradagg::Compression::kBFloat16;
-  run.store = store("bf16");
-  const auto bf16 = twoNodes(run);
+  const auto [full, bf16] = withoutAndWithBf16(run, store("full"), store("bf16"));
   for (const auto& r : full) ASSERT_EQ(r.outcome, kOk) << r.what;
   for (const auto& r : bf16) ASSERT_EQ(r.outcome, kOk) << r.what;
   EXPECT_TRUE(bitIdentical(bf16[0].params, bf16[1].params)) << "the nodes agree bit for bit";
@@ -43,11 +49,7 @@ TEST_F(MultiNode, Bf16OnTheWireHalvesTheBytesAndStaysCloseToFullPrecision) {
 
 TEST_F(MultiNode, Float64GradientsAreNeverCompressed) {
   NodeRun run;  // float64
-  run.store = store("full");
-  const auto full = twoNodes(run);
-  run.compression = gradagg::Compression::kBFloat16;
-  run.store = store("bf16");
-  const auto bf16 = twoNodes(run);
+  const auto [full, bf16] = withoutAndWithBf16(run, store("full"), store("bf16"));
   for (const auto& r : bf16) ASSERT_EQ(r.outcome, kOk) << r.what;
   EXPECT_TRUE(bitIdentical(bf16[0].params, full[0].params));
   EXPECT_GE(bf16[0].node_bytes, 8 * elements(bf16[0].params)) << "as float64, 8 bytes each";
