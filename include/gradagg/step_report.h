@@ -29,6 +29,9 @@ struct StepReport {
   double node_ms = 0;         // across nodes: the node parents' collectives (0 on one node)
   std::uint64_t node_bytes = 0;  // across nodes: the bytes this node put into them (halved
                                  // with NodeOptions::compression = kBFloat16)
+  int node_collectives = 0;   // across nodes: the allreduces the gradient and status crossed in
+  int node_overlapped = 0;    // of them, buckets started while this node's workers were still
+                              // computing (NodeOptions::overlap; core/buckets.h)
   double apply_ms = 0;        // parent: pointing .grad at the result, buffers, this report
   double total_ms = 0;        // the whole step() call
   bool skipped = false;       // NonFinitePolicy::kSkipStep skipped this step

@@ -36,6 +36,7 @@
 
 #include "aggregator/apply.h"
 #include "aggregator/worker.h"
+#include "core/buckets.h"
 #include "core/control.h"
 #include "core/layout.h"
 #include "core/model_binding.h"
@@ -76,6 +77,7 @@ struct Aggregator::Impl {
   ModelBinding binding;
   SegmentMap map;
   std::vector<FlatTensor> flat;                    // the parameters as the reduction sees them
+  BucketPlan buckets;                              // across nodes: how the gradient crosses
   std::vector<ByteRange> ranges;                   // worker r reduces ranges[r]
   std::vector<const c10::TensorImpl*> param_list;  // model.parameters() at construction
   std::unique_ptr<ReductionStage> stage;           // the second stage: LocalStage or CrossNode
@@ -85,6 +87,12 @@ struct Aggregator::Impl {
   int saved_parent_threads = 0;  // to restore, when options.parent_threads > 0
 
   std::int64_t steps_done = 0;
+  // Early buckets were sent when a wait for the workers failed: the other nodes
+  // saw the step fail, so this one cannot redo it with fresh workers.
+  bool peers_saw_failure = false;
+  std::vector<std::int64_t> early_samples;  // per worker, for the early buckets' weights
+  std::vector<double> early_weights;
+  std::vector<const std::byte*> slots;  // every slot's gradient area
   ResultPair results;
   StepReport report;
 
@@ -102,7 +110,17 @@ struct Aggregator::Impl {
     binding.adopt(map.snapshotParams(), map.snapshotBuffers(), segment.base(),
                   segment.base() + segment.size());
     flat = flatParams(binding);
-    ranges = splitRanges(layout.sizes.param_bytes, n);
+    if (options.nodes.nodes > 1)
+      buckets = planBuckets(binding, options.nodes.bucket_bytes, options.nodes.overlap);
+    const ByteRange tail = buckets.tail(layout.sizes.param_bytes);
+    ranges = splitRanges(tail.end - tail.begin, n);
+    for (ByteRange& r : ranges) {
+      r.begin += tail.begin;
+      r.end += tail.begin;
+    }
+    for (int r = 0; r < n; ++r) slots.push_back(map.slot(r));
+    early_samples.resize(n);
+    early_weights.resize(n);
     if (model.current_parameters)
       for (const auto& p : model.current_parameters())
         param_list.push_back(p.unsafeGetTensorImpl());
@@ -115,7 +133,7 @@ struct Aggregator::Impl {
               fmt::format("parameter '{}' is {}: across nodes gradagg serves float32 and float64 "
                           "parameters only (one node serves bfloat16 and float16 too)",
                           p.name, c10::toString(p.dtype)));
-      stage = std::make_unique<CrossNode>(options.nodes, options.buffers, binding, map, n);
+      stage = std::make_unique<CrossNode>(options.nodes, options.buffers, binding, map, n, buckets);
     } else
       stage = std::make_unique<LocalStage>(n);
     channel = ParentChannel(map.header().command_seq, workerWords(map, n), processes,
@@ -155,6 +173,7 @@ struct Aggregator::Impl {
     s.start_seq = channel.seq();
     s.parent = ::getpid();
     s.placement = stage->placement();
+    s.buckets = &buckets;
     for (int r = 0; r < n; ++r) {
       s.rank = r;
       s.range = ranges[r];
@@ -203,7 +222,7 @@ struct Aggregator::Impl {
   }
 
   bool restart() {
-    if (report.restarts >= options.max_restarts) return false;
+    if (peers_saw_failure || report.restarts >= options.max_restarts) return false;
     ++report.restarts;
     startWorkers();
     return true;
@@ -217,6 +236,8 @@ struct Aggregator::Impl {
     h.training = !model.is_training || model.is_training() ? 1 : 0;
     h.result_index = static_cast<std::uint32_t>(results.fresh());
     h.command_ns = nowNs();
+    for (int b = 0; b < buckets.early(); ++b)
+      h.bucket_lines[b].store(static_cast<std::uint32_t>(options.workers), std::memory_order_relaxed);
     channel.command({{&h.computed, /*closed=*/true}, {&h.reduced}});
   }
 
@@ -227,7 +248,14 @@ struct Aggregator::Impl {
     stage->beforeStep(steps_done);
     times.command = Clock::now();  // all the workers' step lies after it
     command(Command::kStep);
-    channel.await(map.header().reduced, options.step_timeout, Awaited{"step", steps_done});
+    try {
+      sendEarlyBuckets(times.command);
+      channel.await(map.header().reduced, options.step_timeout, Awaited{"step", steps_done},
+                    times.command);
+    } catch (...) {
+      finishForPeers();
+      throw;
+    }
     times.reduced = Clock::now();
     const LocalOutcome local = apply->collect();
     const auto stage_begin = Clock::now();
@@ -248,6 +276,47 @@ struct Aggregator::Impl {
     apply->report(report, steps_done, all, times);
     ++steps_done;
     return report;
+  }
+
+  // Early buckets (core/buckets.h), in order: once every worker has taken
+  // bucket b's line, sum it over the slots into the fresh result with the
+  // weights the workers' reduction would use, and hand it to the stage.
+  void sendEarlyBuckets(Clock::time_point since) {
+    const int early = buckets.early();
+    const int n = options.workers;
+    const bool equal = options.weighting == Weighting::kEqual;
+    const int fresh = results.fresh();
+    for (int b = 0; b < early; ++b) {
+      channel.await(map.header().bucket_lines[b], options.step_timeout,
+                    Awaited{"step", steps_done, "its early buckets"}, since);
+      if (b == 0) {
+        for (int r = 0; r < n; ++r) early_samples[r] = map.control(r).samples;
+        computeWeights(equal, early_samples.data(), n, early_weights.data(),
+                       stage->placement().normalize);
+        for (int r = 0; r < n; ++r)
+          early_weights[r] =
+              slotWeight(early_weights[r], equal, options.accumulation_steps, early_samples[r]);
+      }
+      reduceRange(flat, buckets.ranges[b], map.result(fresh), slots.data(), early_weights.data(),
+                  n);
+      stage->sendEarly(b, fresh, map.header().computed.load(std::memory_order_relaxed) > 0);
+    }
+  }
+
+  // A wait for the workers failed (one died or is late) after early buckets
+  // went: the other nodes are inside this step's collectives. Finish them with
+  // a failed status, so they refuse the step instead of waiting for buckets
+  // that will not come, and do not redo the step here with fresh workers.
+  void finishForPeers() noexcept {
+    if (stage->earlySent() == 0) return;
+    peers_saw_failure = true;
+    StepTotals failed;
+    failed.failed = true;
+    try {
+      std::vector<std::uint8_t> none(binding.params().size(), 0);
+      stage->reduce(failed, none, results.fresh());
+    } catch (...) {  // the other nodes are gone too: the first error says more
+    }
   }
 
   WorkerFailed workerFailed(int r) {

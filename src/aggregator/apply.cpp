@@ -101,6 +101,8 @@ void Applier::report(StepReport& report, std::int64_t step, const StepTotals& to
   report.total_ms = Ms(end - times.begin).count();
   report.node_ms = times.node_ms;
   report.node_bytes = totals.wire_bytes;
+  report.node_collectives = totals.collectives;
+  report.node_overlapped = totals.overlapped;
 }
 
 }  // namespace gradagg::detail

@@ -13,11 +13,16 @@
 //     into the slot; check what landed there (shape, finiteness); write loss,
 //     samples and buffers. Any exception becomes a failed status with its
 //     message: the worker lives on for the next step;
+//   with early buckets (across nodes, core/buckets.h): during the last
+//     backward, take one from bucket line b as soon as every gradient of
+//     bucket b (and of the buckets before it) is in the slot; take the lines
+//     still untaken before arriving on `computed`, whatever happened;
 //   arrive on `computed`; the last to arrive (the closer) computes the step's
 //     weights and whether every status is ok, once, for everyone; wait until
 //     every worker has arrived and the closer is done;
 //   if every status is ok, reduce this worker's range of the flat gradient over
-//     all slots into this step's result; arrive on `reduced` (the parent waits).
+//     all slots into this step's result (with early buckets, a range of the
+//     last bucket: the parent summed the others); arrive on `reduced` (the parent waits).
 #include "aggregator/worker.h"
 
 #include <unistd.h>
@@ -30,6 +35,9 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 
 #include "core/check.h"
@@ -40,6 +48,21 @@
 namespace gradagg::detail {
 
 namespace {
+
+// Runs after autograd accumulated a parameter's gradient (a post hook on its
+// AccumulateGrad node, as c10d's Reducer does).
+class AfterAccumulate final : public torch::autograd::FunctionPostHook {
+ public:
+  explicit AfterAccumulate(std::function<void()> f) : f_(std::move(f)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    f_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> f_;
+};
 
 class Worker {
  public:
@@ -117,9 +140,50 @@ class Worker {
     for (int r = 0; r < n_; ++r) slots_.push_back(map_.slot(r));
     samples_.resize(n_);
     weights_.resize(n_);
+    hookEarlyBuckets();
+  }
+
+  // With early buckets: count each early bucket's parameters, and hook each of
+  // them to take its bucket's line once they all have their gradient.
+  void hookEarlyBuckets() {
+    early_ = s_.buckets != nullptr ? s_.buckets->early() : 0;
+    if (early_ == 0) return;
+    pending_of_.assign(static_cast<std::size_t>(early_), 0);
+    auto& params = s_.binding->params();
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      const int b = s_.buckets->of_param[k];
+      if (b < 0 || b >= early_ || !params[k].requires_grad) continue;
+      ++pending_of_[static_cast<std::size_t>(b)];
+      auto accumulator = torch::autograd::impl::grad_accumulator(params[k].tensor);
+      accumulator->add_post_hook(std::make_unique<AfterAccumulate>([this, k, b] {
+        accumulated(k, b);
+      }));
+      accumulators_.push_back(std::move(accumulator));  // the variable holds it weakly
+    }
+  }
+
+  // Parameter k's gradient of the last backward is in the slot (unless the
+  // shard function moved .grad elsewhere: then no bucket goes early this step,
+  // writeSlot copies, and the lines are taken at the end).
+  void accumulated(std::size_t k, int b) {
+    if (!armed_) return;
+    if (!s_.binding->params()[k].tensor.grad().is_same(grad_views_[k])) {
+      armed_ = false;
+      return;
+    }
+    --pending_[static_cast<std::size_t>(b)];
+    while (next_bucket_ < early_ && pending_[static_cast<std::size_t>(next_bucket_)] == 0)
+      channel_.arrive(header_.bucket_lines[next_bucket_++]);
+  }
+
+  // Whatever early bucket lines this worker has not taken this step.
+  void takeRemainingBucketLines() {
+    armed_ = false;
+    while (next_bucket_ < early_) channel_.arrive(header_.bucket_lines[next_bucket_++]);
   }
 
   void serveStep() {
+    next_bucket_ = 0;  // no bucket line taken yet (takeRemainingBucketLines counts on it)
     control_.status = static_cast<std::uint32_t>(SlotStatus::kOk);
     control_.message[0] = '\0';
     control_.bad_param = -1;
@@ -139,7 +203,7 @@ class Worker {
       ctx.micro_steps = s_.options->accumulation_steps;
       Accumulated sum;
       for (ctx.micro_step = 0; ctx.micro_step < ctx.micro_steps; ++ctx.micro_step)
-        sum.add(microStep(ctx));
+        sum.add(microStep(ctx, sum.samples));
       enter(Phase::kWritingSlot);
       t0 = Clock::now();
       writeSlot(sum.samples, sum.loss(equalWeights()));
@@ -147,6 +211,7 @@ class Worker {
     } catch (...) {
       fail(SlotStatus::kFailed);
     }
+    takeRemainingBucketLines();
     // Past this point the slot is complete: the reduction phase begins.
     try {
       enter(Phase::kReducing);
@@ -178,18 +243,26 @@ class Worker {
   // its loss and samples. Accumulating with kBySamples, backward starts from
   // `samples` instead of 1, so the slot holds the sum of samples_i * gradient_i
   // (the closer divides by the worker's total); one micro-batch, or kEqual, as is.
-  std::pair<double, std::int64_t> microStep(const ShardContext& ctx) {
+  // With early buckets, the last backward takes the bucket lines as it goes:
+  // the samples are written before it.
+  std::pair<double, std::int64_t> microStep(const ShardContext& ctx, std::int64_t samples_before) {
     enter(Phase::kShard);
     auto t0 = Clock::now();
     ShardResult result = (*s_.shard)(ctx);
     control_.shard_ms += millisSince(t0);
     checkResult(result);
     enter(Phase::kBackward);
+    if (early_ > 0 && ctx.micro_step + 1 == ctx.micro_steps) {
+      control_.samples = samples_before + result.samples;
+      pending_ = pending_of_;
+      armed_ = true;
+    }
     t0 = Clock::now();
     if (ctx.micro_steps > 1 && !equalWeights())
       result.loss.backward(at::full_like(result.loss, static_cast<double>(result.samples)));
     else
       result.loss.backward();
+    armed_ = false;
     control_.backward_ms += millisSince(t0);
     return {result.loss.item<double>(), result.samples};
   }
@@ -316,9 +389,7 @@ class Worker {
     const int k = s_.options->accumulation_steps;
     for (int r = 0; r < n_; ++r) {
       const WorkerControl& c = map_.control(r);
-      weights_[r] = k == 1           ? c.weight
-                    : equalWeights() ? c.weight / k
-                                     : c.weight / static_cast<double>(c.samples);
+      weights_[r] = slotWeight(c.weight, equalWeights(), k, c.samples);
     }
     reduceRange(*s_.flat, s_.range, map_.result(header_.result_index), slots_.data(),
                 weights_.data(), n_);
@@ -357,6 +428,15 @@ class Worker {
   std::vector<const std::byte*> slots_;  // every slot's gradient area
   std::vector<std::int64_t> samples_;
   std::vector<double> weights_;
+  // Early buckets (core/buckets.h): how many, each one's hooked parameters, how
+  // many of them still lack this step's gradient, the next line to take, and
+  // whether the hooks count (during the last backward only).
+  int early_ = 0;
+  std::vector<int> pending_of_;
+  std::vector<int> pending_;
+  int next_bucket_ = 0;
+  bool armed_ = false;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <gradagg/options.h>
 #include <gradagg/shard.h>
 
+#include "core/buckets.h"
 #include "core/layout.h"
 #include "core/model_binding.h"
 #include "core/reduce.h"
@@ -30,6 +31,7 @@ struct WorkerSetup {
   std::uint32_t start_seq = 0;                    // command_seq when this worker was forked
   pid_t parent = 0;
   Placement placement;  // among every node's workers
+  const BucketPlan* buckets = nullptr;  // across nodes; early() > 0: take the bucket lines
 };
 
 // Runs in the child (ProcessSet::spawn's fresh thread) and returns its exit status.

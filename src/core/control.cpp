@@ -89,9 +89,9 @@ void ParentChannel::command(std::initializer_list<ArriveLine> lines) {
 }
 
 void ParentChannel::await(const std::atomic<std::uint32_t>& line, std::chrono::milliseconds timeout,
-                          const Awaited& what) {
+                          const Awaited& what, Clock::time_point since) {
   const auto begin = Clock::now();
-  auto deadline = begin + timeout;
+  auto deadline = since + timeout;
   spinUntilEqual(line, 0, spin_.budget());
   auto last = Clock::now();
   for (;;) {

@@ -114,11 +114,12 @@ class ParentChannel {
   // Issues a command whose fields the caller wrote: sets each of `lines` to N
   // (N + 1 when closed), bumps command_seq (release), wakes the workers.
   void command(std::initializer_list<ArriveLine> lines);
-  // Waits until `line` reads 0, for at most `timeout`, checking every slice that
-  // each worker lives. A death is WorkerDied, a missed deadline StepTimeout
-  // naming the late worker; both go through fail().
+  // Waits until `line` reads 0, until `timeout` after `since` (several waits of
+  // one command share a deadline), checking every slice that each worker
+  // lives. A death is WorkerDied, a missed deadline StepTimeout naming the late
+  // worker; both go through fail().
   void await(const std::atomic<std::uint32_t>& line, std::chrono::milliseconds timeout,
-             const Awaited& what);
+             const Awaited& what, Clock::time_point since = Clock::now());
   // Did worker `rank` finish the current command (done_seq == seq())?
   bool done(int rank) const noexcept;
 

@@ -49,9 +49,11 @@
 namespace gradagg::detail {
 
 inline constexpr std::uint64_t kMagic = 0x3167'6761'6461'7267ULL;  // "grdagg1"
-inline constexpr std::uint32_t kLayoutVersion = 2;
+inline constexpr std::uint32_t kLayoutVersion = 3;
 inline constexpr std::size_t kAlign = 64;
 inline constexpr std::size_t kMessageBytes = 1024;
+// Arrive lines for early buckets (core/buckets.h) in the header.
+inline constexpr int kMaxEarlyBuckets = 64;
 
 constexpr std::size_t alignUp(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
@@ -139,6 +141,16 @@ struct alignas(kAlign) Header {
   // range of the result is written (or, at start-up, when its replica is set
   // up); the one that reaches 0 wakes the parent, which waits on it.
   alignas(kAlign) std::atomic<std::uint32_t> reduced;
+
+  // ---- bucket lines (across nodes with overlap; core/buckets.h). Line b is set
+  // to N by the parent before it bumps command_seq, for each early bucket b of
+  // the step; a worker takes one from it (acq_rel) once every gradient of
+  // bucket b is in its slot and its `samples` is written, and, for whatever it
+  // has not taken yet, just before it arrives on `computed` (also when it
+  // failed). The parent waits on them in order, sums bucket b over the slots
+  // into the result and starts its cross-node allreduce; the workers then
+  // reduce only the last bucket.
+  alignas(kAlign) std::atomic<std::uint32_t> bucket_lines[kMaxEarlyBuckets];
 };
 
 // One per worker, after the header. Written by worker `rank` only (the parent
@@ -156,6 +168,8 @@ struct alignas(kAlign) WorkerControl {
   std::uint32_t failed_phase;  // the Phase a failure happened in
   std::int32_t bad_param;      // kNonFinite: index of the first non-finite parameter
   std::int32_t pid;
+  // With early buckets, written before the first bucket line is taken too:
+  // the parent weighs the slot by it when it sums an early bucket.
   std::int64_t samples;
   double loss;
   // Phase times of the last step, in milliseconds (see WorkerReport).

@@ -56,6 +56,8 @@ void Options::validate() const {
   if (nodes.timeout.count() <= 0)
     throw InvalidArgument(
         fmt::format("Options.nodes.timeout: expected > 0 ms, got {} ms", nodes.timeout.count()));
+  if (nodes.bucket_bytes == 0)
+    throw InvalidArgument("Options.nodes.bucket_bytes: expected > 0, got 0");
   if (nodes.checksum_interval < 0)
     throw InvalidArgument(fmt::format("Options.nodes.checksum_interval: expected >= 0, got {}",
                                       nodes.checksum_interval));
@@ -149,6 +151,20 @@ NodeOptions NodeOptions::fromEnvironment(NodeOptions o) {
       throw InvalidArgument(fmt::format(
           "environment variable GRADAGG_COMPRESSION: expected none or bf16, got '{}'", v));
     }
+  }
+  long long bucket_bytes = static_cast<long long>(o.bucket_bytes);
+  if (number("GRADAGG_BUCKET_BYTES", bucket_bytes)) {
+    if (bucket_bytes <= 0)
+      throw InvalidArgument(fmt::format(
+          "environment variable GRADAGG_BUCKET_BYTES: expected > 0, got {}", bucket_bytes));
+    o.bucket_bytes = static_cast<std::uint64_t>(bucket_bytes);
+  }
+  int overlap = o.overlap ? 1 : 0;
+  if (number("GRADAGG_OVERLAP", overlap)) {
+    if (overlap != 0 && overlap != 1)
+      throw InvalidArgument(
+          fmt::format("environment variable GRADAGG_OVERLAP: expected 0 or 1, got {}", overlap));
+    o.overlap = overlap == 1;
   }
   return o;
 }

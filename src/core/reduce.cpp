@@ -273,6 +273,11 @@ void computeWeights(bool equal, const std::int64_t* samples, int n, double* w, b
   for (int i = 0; i < n; ++i) w[i] = (equal ? 1.0 : static_cast<double>(samples[i])) / total;
 }
 
+double slotWeight(double step_weight, bool equal, int k, std::int64_t samples) {
+  if (k == 1) return step_weight;
+  return equal ? step_weight / k : step_weight / static_cast<double>(samples);
+}
+
 void scaleInPlace(ElementType type, void* data, std::size_t count, double factor) {
   if (type == ElementType::kFloat32) {
     auto* p = static_cast<float*>(data);

@@ -38,6 +38,11 @@ std::vector<ByteRange> splitRanges(std::uint64_t total_bytes, int parts);
 void computeWeights(bool equal, const std::int64_t* samples, int n, double* w,
                     bool normalize = true);
 
+// Slot i's weight in the reduction: the step's weight w_i (computeWeights) as
+// is, or, accumulating k > 1 micro-batches, divided by k (equal weighting) or
+// by the worker's samples (its slot then holds sum_j n_j g_j).
+double slotWeight(double step_weight, bool equal, int k, std::int64_t samples);
+
 // data[k] = (T)((double)data[k] * factor). float32 and float64 only.
 void scaleInPlace(ElementType type, void* data, std::size_t count, double factor);
 

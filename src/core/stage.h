@@ -38,6 +38,8 @@ struct StepTotals {
   // After the stage: the bytes this node contributed to the step's collectives
   // (0 on one node).
   std::uint64_t wire_bytes = 0;
+  int collectives = 0;  // after the stage: how many carried the step
+  int overlapped = 0;   // of them, started while the workers computed
 };
 
 class ReductionStage {
@@ -53,6 +55,13 @@ class ReductionStage {
   // Throws NodeFailed.
   virtual StepTotals reduce(const StepTotals& local, std::vector<std::uint8_t>& any_grad,
                             int result) = 0;
+  // Early buckets (core/buckets.h): this node's sum of early bucket `bucket` is
+  // in result region `result`; start its combination with the other nodes (in
+  // the background: reduce() waits for it and reports its failure).
+  // `overlapped`: the workers were still computing when it went.
+  virtual void sendEarly(int /*bucket*/, int /*result*/, bool /*overlapped*/) {}
+  // How many early buckets of the current step were sent (reduce() resets it).
+  virtual int earlySent() const { return 0; }
 };
 
 // One node: the workers' result is already the mean; nothing to combine.

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 #include <tuple>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -110,6 +111,7 @@ std::map<std::string, std::string> agreementOf(const NodeOptions& o) {
   fields["start_step"] = std::to_string(o.start_step);
   // The step's collectives must have the same shape everywhere.
   fields["compression"] = o.compression == Compression::kBFloat16 ? "bf16" : "none";
+  fields["bucket_bytes"] = std::to_string(o.bucket_bytes);
   fields["resume_identity"] =
       o.resume_identity.empty() ? "(a fresh start)" : "checkpoint " + o.resume_identity;
   for (const auto& [key, value] : o.must_match) fields["must_match[" + key + "]"] = value;
@@ -156,7 +158,7 @@ std::uint64_t fnv1a(const std::byte* p, std::size_t n, std::uint64_t h) {
 }  // namespace
 
 CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBinding& binding,
-                     const SegmentMap& segment, int workers)
+                     const SegmentMap& segment, int workers, const BucketPlan& plan)
     : group_((requireWideDtypes(binding), options)),
       binding_(binding),
       segment_(segment),
@@ -190,63 +192,45 @@ CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBindin
     group_.broadcastFromNode0(v, "broadcasting the initial buffers");
     slot0_buffers_.push_back(viewAt(e, segment_.slotBuffers(0)));
   }
-  // One run per dtype, in ModelBinding's order (float32, then float64); the
-  // last one extends over the status tail, in its dtype.
+  // The pieces that cross, each bound once per result region. With one bucket
+  // per dtype run (BucketPlan::whole) they go in offset order and the status
+  // rides at the end of the last (adjacent to it): one collective per run.
+  // Otherwise the buckets go in their crossing order and the status alone
+  // after them; likewise with compression, so the status stays exact.
   const auto& params = binding.params();
-  struct Run {
-    c10::ScalarType dtype;
-    std::uint64_t begin, end;
-  };
-  std::vector<Run> runs;
-  for (const auto dtype : {at::kFloat, at::kDouble}) {
-    Run run{dtype, std::numeric_limits<std::uint64_t>::max(), 0};
-    for (const TensorEntry& p : params) {
-      if (p.dtype != dtype) continue;
-      run.begin = std::min(run.begin, p.offset);
-      run.end = std::max(run.end, p.offset + p.bytes);
-    }
-    if (run.end > 0) runs.push_back(run);
-  }
   const std::uint64_t param_bytes = segment_.layout.sizes.param_bytes;
-  if (runs.empty()) runs.push_back(Run{c10::ScalarType::Double, param_bytes, param_bytes});
-  status_dtype_ = runs.back().dtype;
+  std::vector<std::pair<ByteRange, c10::ScalarType>> units;
+  for (int b = 0; b < plan.size(); ++b) units.emplace_back(plan.ranges[b], plan.dtypes[b]);
+  if (plan.whole()) std::reverse(units.begin(), units.end());
+  early_ = plan.early();
+  status_dtype_ = plan.size() > 0 ? plan.dtypes.front() : c10::ScalarType::Double;
   const std::uint64_t status_end =
       param_bytes + c10::elementSize(status_dtype_) * (kStatusFields + params.size());
-  auto view = [&](int i, std::uint64_t begin, std::uint64_t end, c10::ScalarType dtype) {
-    const auto count = static_cast<std::int64_t>((end - begin) / c10::elementSize(dtype));
-    return at::from_blob(segment_.result(i) + begin, {count}, at::TensorOptions().dtype(dtype));
+  const bool status_rides = options.compression == Compression::kNone && plan.whole();
+  if (units.empty() || !status_rides)
+    units.emplace_back(ByteRange{param_bytes, param_bytes}, status_dtype_);
+  units.back().first.end = status_end;  // the status: riding, or on its own
+  auto view = [&](int i, const ByteRange& r, c10::ScalarType dtype) {
+    const auto count = static_cast<std::int64_t>((r.end - r.begin) / c10::elementSize(dtype));
+    return at::from_blob(segment_.result(i) + r.begin, {count}, at::TensorOptions().dtype(dtype));
   };
-  if (options.compression == Compression::kNone) {
-    // The status rides at the end of the last run: one collective per dtype run.
-    runs.back().end = status_end;
-    for (const Run& run : runs) {
-      for (int i = 0; i < 2; ++i) {
-        runs_[i].push_back(view(i, run.begin, run.end, run.dtype));
-        sums_[i].push_back(group_.bindSum(runs_[i].back()));
-      }
-      wire_bytes_ += run.end - run.begin;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const auto& [range, dtype] = units[u];
+    Piece piece;
+    for (int i = 0; i < 2; ++i) piece.view[i] = view(i, range, dtype);
+    const bool status = u + 1 == units.size();
+    if (options.compression == Compression::kBFloat16 && dtype == at::kFloat && !status) {
+      piece.wire = at::empty({piece.view[0].numel()}, at::kBFloat16);
+      const int handle = group_.bindSum(piece.wire);
+      for (int i = 0; i < 2; ++i) piece.sum[i] = {handle};
+      wire_bytes_ += piece.wire.nbytes();
+    } else {
+      for (int i = 0; i < 2; ++i) piece.sum[i] = {group_.bindSum(piece.view[i])};
+      wire_bytes_ += range.end - range.begin;
     }
-  } else {
-    // float32 runs travel as bf16 through one wire buffer each (shared by both
-    // result regions); float64 runs as they are; the status in a collective of
-    // its own, so it stays exact.
-    for (const Run& run : runs) {
-      if (run.end == run.begin) continue;
-      for (int i = 0; i < 2; ++i) runs_[i].push_back(view(i, run.begin, run.end, run.dtype));
-      if (run.dtype == at::kFloat) {
-        wire_.push_back({at::empty({runs_[0].back().numel()}, at::kBFloat16), runs_[0].size() - 1});
-        const int handle = group_.bindSum(wire_.back().buffer);
-        for (int i = 0; i < 2; ++i) sums_[i].push_back(handle);
-        wire_bytes_ += wire_.back().buffer.nbytes();
-      } else {
-        for (int i = 0; i < 2; ++i) sums_[i].push_back(group_.bindSum(runs_[i].back()));
-        wire_bytes_ += run.end - run.begin;
-      }
-    }
-    for (int i = 0; i < 2; ++i)
-      sums_[i].push_back(group_.bindSum(view(i, param_bytes, status_end, status_dtype_)));
-    wire_bytes_ += status_end - param_bytes;
+    pieces_.push_back(std::move(piece));
   }
+  if (early_ > 0) sender_ = std::thread([this] { sendLoop(); });
   group_.endRendezvous();
 }
 
@@ -307,17 +291,91 @@ StepTotals CrossNode::reduce(const StepTotals& local, std::vector<std::uint8_t>&
     writeStatus(reinterpret_cast<float*>(status), local, any_grad);
   // A node whose workers failed sends whatever its result holds: every node
   // then sees the failure in the status and discards the sums.
-  for (Wire& w : wire_) w.buffer.copy_(runs_[result][w.run]);  // rounded to bf16
-  group_.allreduceBound(sums_[result], "the cross-node allreduce of the step");
-  for (Wire& w : wire_) runs_[result][w.run].copy_(w.buffer);  // exact
+  const int overlapped = overlapped_;
+  const int sent = awaitSent();
+  for (std::size_t i = static_cast<std::size_t>(sent); i < pieces_.size(); ++i)
+    send(pieces_[i], result);
   const StepTotals all = wide ? readStatus(reinterpret_cast<const double*>(status), any_grad)
                               : readStatus(reinterpret_cast<const float*>(status), any_grad);
   StepTotals out = all;
   out.wire_bytes = wire_bytes_;
+  out.collectives = static_cast<int>(pieces_.size());
+  out.overlapped = overlapped;
   if (all.failed || all.non_finite) return out;
   divide(result, any_grad, all.weight_total);
   if (gather_buffers_) gatherBuffers();
   return out;
+}
+
+void CrossNode::send(Piece& piece, int result) {
+  if (piece.wire.defined()) piece.wire.copy_(piece.view[result]);  // rounded to bf16
+  group_.allreduceBound(piece.sum[result], "the cross-node allreduce of the step");
+  if (piece.wire.defined()) piece.view[result].copy_(piece.wire);  // exact
+}
+
+CrossNode::~CrossNode() {
+  if (!sender_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  sender_.join();
+}
+
+void CrossNode::sendEarly(int bucket, int result, bool overlapped) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back({bucket, result});
+    ++queued_;
+    overlapped_ += overlapped ? 1 : 0;
+  }
+  wake_.notify_all();
+}
+
+// The sender thread: early buckets, in the order they were queued. After a
+// failure it only counts them off (the step is lost; reduce() reports why).
+void CrossNode::sendLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping
+    const auto [bucket, result] = queue_.front();
+    queue_.pop_front();
+    const bool skip = error_ != nullptr;
+    lock.unlock();
+    std::exception_ptr error;
+    if (!skip) {
+      try {
+        send(pieces_[static_cast<std::size_t>(bucket)], result);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    lock.lock();
+    if (error) error_ = error;
+    ++done_;
+    wake_.notify_all();
+  }
+}
+
+int CrossNode::awaitSent() {
+  if (early_ == 0) return 0;
+  std::unique_lock<std::mutex> lock(mutex_);
+  wake_.wait(lock, [&] { return done_ == queued_; });
+  const int sent = queued_;
+  queued_ = done_ = overlapped_ = 0;
+  if (error_) {
+    const std::exception_ptr error = error_;
+    error_ = nullptr;
+    std::rethrow_exception(error);
+  }
+  return sent;
+}
+
+int CrossNode::earlySent() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return queued_;
 }
 
 void CrossNode::divide(int result, const std::vector<std::uint8_t>& any_grad, double total) {

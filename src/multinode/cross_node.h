@@ -16,20 +16,36 @@
 //     (the other nodes send zeros) are allreduced into slot 0's buffer area,
 //     where the parent takes worker 0's buffers from as on one node.
 // Gloo's ring gives every node the same bits, so every node takes the same
-// optimizer step. With Compression::kBFloat16 float32 runs travel as bf16
+// optimizer step.
+//
+// A model bigger than NodeOptions::bucket_bytes per dtype crosses in buckets
+// (core/buckets.h), the status alone after them. With overlap the parent sums
+// each early bucket over this node's slots as soon as its workers produced it
+// and hands it to sendEarly(): a thread of this stage allreduces the early
+// buckets in order while backward goes on; reduce() waits for them, then sends
+// the last bucket and the status. Every node sends the same pieces in the same
+// order whether they went early or not, so overlap changes when, not what:
+// the same bits either way. With Compression::kBFloat16 float32 runs travel as bf16
 // (each addition in float32, rounded to bf16) and the status in a second,
 // small collective, so it stays exact. Counts travel as two exact parts (hi * 4096 + lo), so a
 // float32 status stays exact up to 2^36.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <exception>
 #include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
 #include <gradagg/options.h>
 
+#include "core/buckets.h"
 #include "core/layout.h"
 #include "core/model_binding.h"
 #include "core/stage.h"
@@ -45,14 +61,29 @@ class CrossNode final : public ReductionStage {
   // buffers broadcast from node 0 into this node's snapshot; all of it within
   // options.timeout (else NodeFailed).
   CrossNode(const NodeOptions& options, BufferSync buffers, ModelBinding& binding,
-            const SegmentMap& segment, int workers);
+            const SegmentMap& segment, int workers, const BucketPlan& plan);
+  ~CrossNode() override;
 
   Placement placement() const override;
   void beforeStep(std::int64_t step) override;  // the checksum, every checksum_interval steps
   StepTotals reduce(const StepTotals& local, std::vector<std::uint8_t>& any_grad,
                     int result) override;
+  void sendEarly(int bucket, int result, bool overlapped) override;
+  int earlySent() const override;
 
  private:
+  // What crosses: a byte range of both result regions in one dtype, bound once.
+  struct Piece {
+    at::Tensor view[2];
+    at::Tensor wire;            // Compression::kBFloat16 on float32: the bf16 buffer that travels
+    std::vector<int> sum[2];    // the bound sum, per result region
+  };
+  void send(Piece& piece, int result);
+  void sendLoop();
+  // Waits until the early buckets queued this step are sent; returns how many
+  // (and starts the count afresh). Rethrows the sender's NodeFailed.
+  int awaitSent();
+
   // Status tail -> buffer -> status, in the dtype of the last run.
   template <typename T>
   void writeStatus(T* s, const StepTotals& local, const std::vector<std::uint8_t>& any_grad) const;
@@ -71,19 +102,19 @@ class CrossNode final : public ReductionStage {
   int worker_offset_ = 0;
   int global_workers_ = 0;
   int host_workers_ = 0;
-  // Per result region: one view per dtype run, the last one also over the
-  // status tail (kStatusFields + parameters elements of status_dtype_), and
-  // their sums bound once in the node group.
-  std::vector<at::Tensor> runs_[2];
-  std::vector<int> sums_[2];
-  // Compression::kBFloat16: per float32 run, the bf16 buffer that travels
-  // instead (bound once; both result regions copy through it).
-  struct Wire {
-    at::Tensor buffer;
-    std::size_t run;  // index into runs_[result]
-  };
-  std::vector<Wire> wire_;
+  // In crossing order; the last one carries the status tail.
+  std::vector<Piece> pieces_;
   std::uint64_t wire_bytes_ = 0;  // per step, from this node
+  int early_ = 0;
+  // The sender thread and what it shares with the parent's thread.
+  std::thread sender_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::pair<int, int>> queue_;  // (bucket, result region)
+  int queued_ = 0, done_ = 0;              // this step
+  int overlapped_ = 0;                     // this step
+  std::exception_ptr error_;
+  bool stopping_ = false;
   c10::ScalarType status_dtype_ = c10::ScalarType::Double;
   std::vector<at::Tensor> slot0_buffers_;  // views of slot 0's buffer area
 };

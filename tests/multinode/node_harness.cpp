@@ -32,6 +32,9 @@ Outcome outcomeOf(F&& f, std::string* what) {
   } catch (const gradagg::NotUsable& e) {
     *what = e.what();
     return kNotUsable;
+  } catch (const gradagg::WorkerDied& e) {
+    *what = e.what();
+    return kWorkerDied;
   } catch (const gradagg::WorkerFailed& e) {
     *what = e.what();
     return kWorkerFailed;
@@ -66,14 +69,16 @@ void send(int fd, const NodeResult& r) {
   std::ostringstream buf;
   torch::save(r.params, buf);
   const std::string blob = buf.str();
-  const int64_t header[8] = {r.outcome,
+  const int64_t header[10] = {r.outcome,
                              r.usable_after,
                              r.children_after,
                              r.retry,
                              static_cast<int64_t>(r.what.size()),
                              static_cast<int64_t>(r.retry_what.size()),
                              static_cast<int64_t>(blob.size()),
-                             static_cast<int64_t>(r.node_bytes)};
+                             static_cast<int64_t>(r.node_bytes),
+                             r.collectives,
+                             r.overlapped};
   writeAll(fd, header, sizeof(header));
   writeAll(fd, &r.seconds, sizeof(r.seconds));
   writeAll(fd, r.what.data(), r.what.size());
@@ -84,8 +89,10 @@ void send(int fd, const NodeResult& r) {
 // Nothing (outcome kOther) when the node died before it sent anything.
 NodeResult receive(int fd) {
   NodeResult r;
-  int64_t header[8];
+  int64_t header[10];
   if (!readAll(fd, header, sizeof(header))) return r;
+  r.collectives = static_cast<int>(header[8]);
+  r.overlapped = static_cast<int>(header[9]);
   r.node_bytes = static_cast<std::uint64_t>(header[7]);
   r.outcome = static_cast<Outcome>(header[0]);
   r.usable_after = header[1] != 0;
@@ -106,9 +113,9 @@ NodeResult receive(int fd) {
 }  // namespace
 
 void PrintTo(Outcome outcome, std::ostream* os) {
-  static const char* const names[] = {"ok",    "NodeFailed", "InvalidArgument",
-                                      "other", "NotUsable",  "WorkerFailed"};
-  *os << (outcome >= 0 && outcome <= kWorkerFailed ? names[outcome] : "?");
+  static const char* const names[] = {"ok",        "NodeFailed",   "InvalidArgument", "other",
+                                      "NotUsable", "WorkerFailed", "WorkerDied"};
+  *os << (outcome >= 0 && outcome <= kWorkerDied ? names[outcome] : "?");
 }
 
 NodeResult trainNode(const NodeRun& run) {
@@ -126,6 +133,9 @@ NodeResult trainNode(const NodeRun& run) {
   o.nodes.external_store = run.external_store;
   o.nodes.store_prefix = run.store_prefix;
   o.nodes.compression = run.compression;
+  o.nodes.bucket_bytes = run.bucket_bytes;
+  o.nodes.overlap = run.overlap;
+  o.accumulation_steps = run.accumulation_steps;
   o.nodes.start_step = run.start_step;
   o.nodes.resume_identity = run.resume_identity;
   o.nodes.must_match = run.must_match;
@@ -143,8 +153,27 @@ NodeResult trainNode(const NodeRun& run) {
               if (c.step == run.stop_self_at_step && c.rank == 0) ::kill(::getppid(), SIGSTOP);
               if (c.step == run.throw_at_step && c.rank == 0)
                 throw std::runtime_error("bad record on node " + std::to_string(run.node));
+              if (run.drop_grads)
+                for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+              if (c.step == run.kill_worker_in_backward_at_step && c.rank == 1)
+                model->parameters()[0].register_hook([](const torch::Tensor&) {
+                  ::raise(SIGKILL);
+                });
+              static bool slowed = false;  // once per worker process
+              if (run.slow_first_layer_ms > 0 && !slowed) {
+                slowed = true;
+                model->parameters()[0].register_hook([&run](const torch::Tensor&) {
+                  std::this_thread::sleep_for(std::chrono::milliseconds(run.slow_first_layer_ms));
+                });
+              }
               const auto bounds = shardBounds(run.batch, c.global_workers, run.unequal);
-              const int64_t b = bounds[c.global_rank], e = bounds[c.global_rank + 1];
+              int64_t b = bounds[c.global_rank], e = bounds[c.global_rank + 1];
+              if (c.micro_steps > 1) {  // this worker's shard, cut in micro-batches
+                const int64_t n = e - b;
+                const int64_t mb = b + n * c.micro_step / c.micro_steps;
+                e = b + n * (c.micro_step + 1) / c.micro_steps;
+                b = mb;
+              }
               auto loss = model->loss(model->forward(data.x.slice(0, b, e)), data.y.slice(0, b, e));
               if (c.step == run.nan_loss_at_step && c.rank == 0) loss = loss * std::nan("");
               return gradagg::ShardResult{loss, e - b};
@@ -152,7 +181,10 @@ NodeResult trainNode(const NodeRun& run) {
             o);
         for (int s = 0; s < run.steps; ++s) {
           sgd.zero_grad();
-          result.node_bytes = agg->step().node_bytes;
+          const gradagg::StepReport& report = agg->step();
+          result.node_bytes = report.node_bytes;
+          result.collectives = report.node_collectives;
+          result.overlapped += report.node_overlapped;
           sgd.step();
           if (s == run.perturb_after_step) {
             torch::NoGradGuard no_grad;

@@ -41,6 +41,15 @@ struct NodeRun {
   int stop_self_at_step = -1;   // this node's parent stops (SIGSTOP) during that step: a stall
   int throw_at_step = -1;       // this node's worker 0 throws from the shard function then
   int nan_loss_at_step = -1;    // this node's worker 0 returns a NaN loss then
+  // Buckets and overlap (NodeOptions), gradient accumulation (Options).
+  std::uint64_t bucket_bytes = 25ull << 20;
+  bool overlap = true;
+  int accumulation_steps = 1;
+  // This node's worker 1 dies (SIGKILL) in that step's backward, once the
+  // gradient of the model's first parameter (the last bucket's) is computed.
+  int kill_worker_in_backward_at_step = -1;
+  bool drop_grads = false;  // the shard function sets every .grad to undefined first
+  int slow_first_layer_ms = 0;  // backward sleeps this long before the first parameter's gradient
 };
 
 // How a call ended: normally, or with which error.
@@ -50,7 +59,8 @@ enum Outcome : int {
   kInvalidArgument = 2,
   kOther = 3,
   kNotUsable = 4,
-  kWorkerFailed = 5
+  kWorkerFailed = 5,
+  kWorkerDied = 6
 };
 void PrintTo(Outcome outcome, std::ostream* os);  // for GoogleTest's messages
 
@@ -61,6 +71,8 @@ struct NodeResult {
   std::vector<torch::Tensor> params;
   double seconds = 0;
   std::uint64_t node_bytes = 0;  // StepReport::node_bytes of the last step
+  int collectives = 0;           // StepReport::node_collectives of the last step
+  int overlapped = 0;            // StepReport::node_overlapped, summed over the steps
   // After a NodeFailed: what the node's aggregator was left as (include/gradagg/errors.h
   // says: workers stopped, no longer usable), and how one more step() ended.
   bool usable_after = false;
