@@ -70,15 +70,18 @@ struct NodeOptions {
   // Off by default, like DDP's fp16 compression hook (GRADAGG_COMPRESSION=bf16).
   Compression compression = Compression::kNone;
   // Buckets, as DDP's: the gradient crosses the nodes in buckets of about this
-  // many bytes (GRADAGG_BUCKET_BYTES; DDP's bucket_cap_mb is 25), filled in
-  // reverse registration order, each within one dtype, closed at the first
-  // parameter that reaches the size. With `overlap` (GRADAGG_OVERLAP=0 turns it
+  // many bytes (GRADAGG_BUCKET_BYTES; DDP's bucket_cap_mb is 25), the first of
+  // each dtype of about first_bucket_bytes (GRADAGG_FIRST_BUCKET_BYTES; DDP's
+  // 1 MiB, so the first transfer starts early), filled in reverse registration
+  // order, each within one dtype, closed at the first parameter that reaches
+  // the size. With `overlap` (GRADAGG_OVERLAP=0 turns it
   // off) a bucket's allreduce starts as soon as every worker of this node has
   // produced its gradients and this node's sum of it is done, while backward
   // goes on for the earlier layers; without it the same buckets go after
   // backward. Either way the same bits (docs/multinode.md). A model that fits
   // one bucket per dtype crosses as one collective with the step's status.
   std::uint64_t bucket_bytes = 25ull << 20;
+  std::uint64_t first_bucket_bytes = 1ull << 20;
   bool overlap = true;
 
   // What every node must agree on before a step runs. At the rendezvous the

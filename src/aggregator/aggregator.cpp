@@ -111,7 +111,8 @@ struct Aggregator::Impl {
                   segment.base() + segment.size());
     flat = flatParams(binding);
     if (options.nodes.nodes > 1)
-      buckets = planBuckets(binding, options.nodes.bucket_bytes, options.nodes.overlap);
+      buckets = planBuckets(binding, options.nodes.first_bucket_bytes, options.nodes.bucket_bytes,
+                            options.nodes.overlap);
     const ByteRange tail = buckets.tail(layout.sizes.param_bytes);
     ranges = splitRanges(tail.end - tail.begin, n);
     for (ByteRange& r : ranges) {

@@ -3,7 +3,8 @@
 // The parameters are taken in reverse registration order (the order backward
 // produces their gradients in, roughly) and cut into buckets: a bucket holds
 // parameters of one dtype, and closes at the first parameter that brings it to
-// NodeOptions::bucket_bytes (a frozen parameter joins the open bucket).
+// NodeOptions::bucket_bytes, the first of each dtype at first_bucket_bytes (a
+// frozen parameter joins the open bucket).
 // Parameters are laid out by dtype, in registration
 // order within each (model_binding.h), so every bucket is one contiguous byte
 // range of the flat gradient, and bucket 0 lies at its end.
@@ -41,8 +42,10 @@ struct BucketPlan {
   }
 };
 
-// The plan for `binding` with buckets of about `bucket_bytes`. With more than
-// kMaxEarlyBuckets + 1 buckets the size is raised until they fit.
-BucketPlan planBuckets(const ModelBinding& binding, std::uint64_t bucket_bytes, bool overlap);
+// The plan for `binding` with buckets of about `bucket_bytes`, the first of
+// each dtype of about `first_bytes`. With more than kMaxEarlyBuckets + 1
+// buckets both sizes are doubled until they fit.
+BucketPlan planBuckets(const ModelBinding& binding, std::uint64_t first_bytes,
+                       std::uint64_t bucket_bytes, bool overlap);
 
 }  // namespace gradagg::detail

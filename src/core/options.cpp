@@ -58,6 +58,8 @@ void Options::validate() const {
         fmt::format("Options.nodes.timeout: expected > 0 ms, got {} ms", nodes.timeout.count()));
   if (nodes.bucket_bytes == 0)
     throw InvalidArgument("Options.nodes.bucket_bytes: expected > 0, got 0");
+  if (nodes.first_bucket_bytes == 0)
+    throw InvalidArgument("Options.nodes.first_bucket_bytes: expected > 0, got 0");
   if (nodes.checksum_interval < 0)
     throw InvalidArgument(fmt::format("Options.nodes.checksum_interval: expected >= 0, got {}",
                                       nodes.checksum_interval));
@@ -152,13 +154,15 @@ NodeOptions NodeOptions::fromEnvironment(NodeOptions o) {
           "environment variable GRADAGG_COMPRESSION: expected none or bf16, got '{}'", v));
     }
   }
-  long long bucket_bytes = static_cast<long long>(o.bucket_bytes);
-  if (number("GRADAGG_BUCKET_BYTES", bucket_bytes)) {
-    if (bucket_bytes <= 0)
-      throw InvalidArgument(fmt::format(
-          "environment variable GRADAGG_BUCKET_BYTES: expected > 0, got {}", bucket_bytes));
-    o.bucket_bytes = static_cast<std::uint64_t>(bucket_bytes);
-  }
+  auto bytes = [&](const char* name, std::uint64_t& out) {
+    long long v = static_cast<long long>(out);
+    if (!number(name, v)) return;
+    if (v <= 0)
+      throw InvalidArgument(fmt::format("environment variable {}: expected > 0, got {}", name, v));
+    out = static_cast<std::uint64_t>(v);
+  };
+  bytes("GRADAGG_BUCKET_BYTES", o.bucket_bytes);
+  bytes("GRADAGG_FIRST_BUCKET_BYTES", o.first_bucket_bytes);
   int overlap = o.overlap ? 1 : 0;
   if (number("GRADAGG_OVERLAP", overlap)) {
     if (overlap != 0 && overlap != 1)

@@ -112,6 +112,7 @@ std::map<std::string, std::string> agreementOf(const NodeOptions& o) {
   // The step's collectives must have the same shape everywhere.
   fields["compression"] = o.compression == Compression::kBFloat16 ? "bf16" : "none";
   fields["bucket_bytes"] = std::to_string(o.bucket_bytes);
+  fields["first_bucket_bytes"] = std::to_string(o.first_bucket_bytes);
   fields["resume_identity"] =
       o.resume_identity.empty() ? "(a fresh start)" : "checkpoint " + o.resume_identity;
   for (const auto& [key, value] : o.must_match) fields["must_match[" + key + "]"] = value;

@@ -134,6 +134,7 @@ NodeResult trainNode(const NodeRun& run) {
   o.nodes.store_prefix = run.store_prefix;
   o.nodes.compression = run.compression;
   o.nodes.bucket_bytes = run.bucket_bytes;
+  o.nodes.first_bucket_bytes = std::min(run.bucket_bytes, o.nodes.first_bucket_bytes);
   o.nodes.overlap = run.overlap;
   o.accumulation_steps = run.accumulation_steps;
   o.nodes.start_step = run.start_step;

@@ -59,7 +59,7 @@ TEST(Buckets, ReverseRegistrationOrderOneDtypeEachClosedAtTheSize) {
   Mixed model;
   const ModelBinding binding(gradagg::viewOf(model));
   // fc2.bias 40 B, fc2.weight 2000 B, fc1.bias 200 B, fc1.weight 20000 B.
-  const BucketPlan plan = planBuckets(binding, 2100, true);
+  const BucketPlan plan = planBuckets(binding, 2100, 2100, true);
   expectTiles(plan, binding);
   ASSERT_EQ(plan.size(), 3);
   EXPECT_EQ(plan.dtype_runs, 2);
@@ -70,13 +70,21 @@ TEST(Buckets, ReverseRegistrationOrderOneDtypeEachClosedAtTheSize) {
   EXPECT_EQ(bucketOf(plan, binding, "fc1.weight"), 2);
   EXPECT_EQ(plan.early(), 2);
   EXPECT_EQ(plan.tail(binding.sizes(1).param_bytes).begin, plan.ranges[2].begin);
-  EXPECT_EQ(planBuckets(binding, 2100, false).early(), 0) << "overlap off";
+  EXPECT_EQ(planBuckets(binding, 2100, 2100, false).early(), 0) << "overlap off";
+  // DDP's small first bucket: fc2.bias alone (40 B >= 16 B), then the rest of float32.
+  const BucketPlan first = planBuckets(binding, 16, 25ull << 20, true);
+  expectTiles(first, binding);
+  ASSERT_EQ(first.size(), 3);
+  EXPECT_EQ(bucketOf(first, binding, "scale"), 0) << "float64's first bucket";
+  EXPECT_EQ(bucketOf(first, binding, "fc2.bias"), 1) << "float32's first bucket";
+  EXPECT_EQ(bucketOf(first, binding, "fc2.weight"), 2);
+  EXPECT_EQ(bucketOf(first, binding, "fc1.weight"), 2);
 }
 
 TEST(Buckets, AModelThatFitsOneBucketPerDtypeCrossesWhole) {
   Mixed model;
   const ModelBinding binding(gradagg::viewOf(model));
-  const BucketPlan plan = planBuckets(binding, 25ull << 20, true);
+  const BucketPlan plan = planBuckets(binding, 25ull << 20, 25ull << 20, true);
   expectTiles(plan, binding);
   EXPECT_TRUE(plan.whole());
   EXPECT_EQ(plan.size(), 2);
@@ -88,7 +96,7 @@ TEST(Buckets, TooManyBucketsGrowUntilTheHeaderHasALineForEach) {
   torch::nn::Sequential many;
   for (int i = 0; i < 100; ++i) many->push_back(torch::nn::Linear(1, 1));
   const ModelBinding binding(gradagg::viewOf(*many));
-  const BucketPlan plan = planBuckets(binding, 1, true);
+  const BucketPlan plan = planBuckets(binding, 1, 1, true);
   expectTiles(plan, binding);
   EXPECT_LE(plan.early(), gradagg::detail::kMaxEarlyBuckets);
   EXPECT_GT(plan.early(), gradagg::detail::kMaxEarlyBuckets / 4);
