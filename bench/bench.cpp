@@ -54,7 +54,7 @@ constexpr std::uint64_t kSeed = 20240601;
 constexpr auto kPeerTimeout = std::chrono::minutes(10);
 const std::vector<std::string> kModes = {"single",     "shm",        "gloo",
                                          "shm-1node",  "shm-2nodes", "shm-2nodes-bf16",
-                                         "reduce-only"};
+                                         "shm-2nodes-after", "reduce-only"};
 
 // ---- models and data -------------------------------------------------------
 
@@ -299,7 +299,8 @@ Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
 // forked processes, measured in the same run. Each node sends and receives about
 // P x 4 bytes per step (a ring allreduce of 2 nodes); the status rides in the
 // same buffer (8 + parameter tensors floats).
-Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg);
+Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg,
+             gradagg::Compression compression, bool overlap);
 double glooAllreduceMs(int n, std::size_t count, int samples, int threads);
 
 // ---- an emulated cluster (tests/cluster/cluster.sh) ------------------------------
@@ -417,12 +418,14 @@ Row runGloo(const ModelSpec& spec, const Data& data, const Config& cfg, int warm
   return row;
 }
 
-// compression: the float32 gradients cross as bf16 (mode shm-2nodes-bf16).
+// compression: the float32 gradients cross as bf16 (mode shm-2nodes-bf16);
+// without overlap the same buckets cross after backward (shm-2nodes-after).
 Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg,
-             gradagg::Compression compression) {
+             gradagg::Compression compression, bool overlap) {
   struct NodeTimes {
     double total_ms, node_ms, reduce_ms;
     std::uint64_t node_bytes;
+    int collectives, overlapped;
   };
   const int per_node = std::max(1, cfg.workers / 2);
   const int total_steps = cfg.warmup + cfg.steps;
@@ -442,12 +445,15 @@ Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg,
     options.nodes.interface = machine.interface;
     options.nodes.checksum_interval = 0;
     options.nodes.compression = compression;
+    options.nodes.overlap = overlap;
     gradagg::Aggregator agg(*model, shmShard(model, data, spec), options);
     for (int s = 0; s < total_steps; ++s) {
       const auto t0 = Clock::now();
       const gradagg::StepReport& r = agg.step();
       opt.step();
-      if (node == 0) times[s] = NodeTimes{msSince(t0), r.node_ms, r.reduce_ms, r.node_bytes};
+      if (node == 0)
+        times[s] = NodeTimes{msSince(t0),  r.node_ms,          r.reduce_ms,
+                             r.node_bytes, r.node_collectives, r.node_overlapped};
     }
     return 0;
   });
@@ -459,7 +465,11 @@ Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg,
     reduce.push_back(times[s].reduce_ms);
   }
   const bool bf16 = compression == gradagg::Compression::kBFloat16;
-  Row row = makeRow(spec, bf16 ? "shm-2nodes-bf16" : "shm-2nodes", 2 * per_node, 1, cfg.steps);
+  Row row = makeRow(spec,
+                    bf16       ? "shm-2nodes-bf16"
+                    : !overlap ? "shm-2nodes-after"
+                               : "shm-2nodes",
+                    2 * per_node, 1, cfg.steps);
   row.ms_per_step = median(total);
   row.p90_ms = percentile90(total);
   row.reduce_ms = median(reduce);
@@ -467,6 +477,11 @@ Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg,
   row.extra["node_ms"] = median(node_ms);
   // What this node put into the step's collectives (StepReport::node_bytes).
   row.extra["bytes_per_node_per_step"] = static_cast<double>(times[total_steps - 1].node_bytes);
+  // The collectives of a step, and how many of them started during backward.
+  row.extra["collectives"] = times[total_steps - 1].collectives;
+  double overlapped = 0;
+  for (int s = cfg.warmup; s < total_steps; ++s) overlapped += times[s].overlapped;
+  row.extra["overlapped_per_step"] = overlapped / std::max(1, cfg.steps);
   const double gloo =
       glooAllreduceMs(2, static_cast<std::size_t>(paramCount(spec)), std::max(cfg.steps, 50), 1);
   row.extra["gloo_allreduce_ms"] = gloo;
@@ -630,7 +645,7 @@ int run(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--modes", modes,
                  "comma list of single, shm, gloo, shm-1node, shm-2nodes, shm-2nodes-bf16, "
-                 "reduce-only (default all)");
+                 "shm-2nodes-after (overlap off), reduce-only (default all)");
   app.add_option("--cluster", g_cluster,
                  "run the nodes and Gloo peers in an emulated cluster's namespaces (the prefix "
                  "`tests/cluster/cluster.sh up 2 RATE` prints), over its limited link");
@@ -671,7 +686,7 @@ int run(int argc, char** argv) {
         throw CLI::ValidationError(
             "--modes", "'" + m +
                 "': expected single, shm, gloo, shm-1node, shm-2nodes, shm-2nodes-bf16, "
-                "reduce-only or all");
+                "shm-2nodes-after, reduce-only or all");
       }
     }
   } catch (const CLI::ParseError& e) {
@@ -736,9 +751,11 @@ int run(int argc, char** argv) {
       record(row);
     }
     if (cfg.modes.count("shm-2nodes"))
-      record(speedup(runNodes(spec, data, cfg, gradagg::Compression::kNone)));
+      record(speedup(runNodes(spec, data, cfg, gradagg::Compression::kNone, true)));
     if (cfg.modes.count("shm-2nodes-bf16"))
-      record(speedup(runNodes(spec, data, cfg, gradagg::Compression::kBFloat16)));
+      record(speedup(runNodes(spec, data, cfg, gradagg::Compression::kBFloat16, true)));
+    if (cfg.modes.count("shm-2nodes-after"))
+      record(speedup(runNodes(spec, data, cfg, gradagg::Compression::kNone, false)));
     if (cfg.modes.count("reduce-only")) record(runReduceOnly(spec, cfg));
   }
 

@@ -336,6 +336,24 @@ void bindOptions(py::module_& m) {
                      "'' for a fresh start, else the identity of the checkpoint resumed from")
       .def_readwrite("must_match", &NodeOptions::must_match,
                      "settings (str -> str) every node must share, compared at the rendezvous")
+      .def_property(
+          "compression",
+          [](const NodeOptions& o) {
+            return std::string(o.compression == Compression::kBFloat16 ? "bf16" : "none");
+          },
+          [](NodeOptions& o, const std::string& v) {
+            if (v != "none" && v != "bf16")
+              throw InvalidArgument(
+                  fmt::format("NodeOptions.compression: expected 'none' or 'bf16', got '{}'", v));
+            o.compression = v == "bf16" ? Compression::kBFloat16 : Compression::kNone;
+          },
+          "'bf16': float32 gradients cross the nodes as bf16 (off: 'none')")
+      .def_readwrite("bucket_bytes", &NodeOptions::bucket_bytes,
+                     "buckets the gradient crosses the nodes in (DDP's bucket_cap_mb)")
+      .def_readwrite("first_bucket_bytes", &NodeOptions::first_bucket_bytes,
+                     "the first bucket of each dtype (DDP's 1 MiB)")
+      .def_readwrite("overlap", &NodeOptions::overlap,
+                     "buckets start across the nodes while backward goes on")
       .def("__repr__", [](const NodeOptions& o) {
         return fmt::format("NodeOptions(nodes={}, node_rank={}, master_addr='{}', master_port={})",
                            o.nodes, o.node_rank, o.master_addr, o.master_port);
@@ -410,6 +428,9 @@ void bindReports(py::module_& m) {
       .def_readonly("compute_ms", &StepReport::compute_ms)
       .def_readonly("reduce_ms", &StepReport::reduce_ms)
       .def_readonly("node_ms", &StepReport::node_ms)
+      .def_readonly("node_bytes", &StepReport::node_bytes)
+      .def_readonly("node_collectives", &StepReport::node_collectives)
+      .def_readonly("node_overlapped", &StepReport::node_overlapped)
       .def_readonly("apply_ms", &StepReport::apply_ms)
       .def_readonly("total_ms", &StepReport::total_ms)
       .def_readonly("skipped", &StepReport::skipped)

@@ -5,13 +5,14 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 NODE = textwrap.dedent("""
     import sys, torch, gradagg
     sys.path.insert(0, {tests!r})
     from models import data, mlp
-    rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    rank, store, out, bucket_bytes = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
     model = mlp()
     x, y = data(24)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -20,22 +21,26 @@ NODE = textwrap.dedent("""
         hi = 24 * (ctx.global_rank + 1) // ctx.global_workers
         return torch.nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi]), hi - lo
     nodes = gradagg.NodeOptions(nodes=2, node_rank=rank, store_path=store, timeout=60)
+    if bucket_bytes:  # every parameter a bucket of its own, crossing during backward
+        nodes.bucket_bytes = nodes.first_bucket_bytes = bucket_bytes
     with gradagg.Aggregator(model, shard, workers=1, nodes=nodes) as agg:
         for _ in range(4):
             report = agg.step()
             opt.step()
     assert report.samples == 24, report.samples
+    assert (report.node_collectives > 2) == bool(bucket_bytes), report.node_collectives
     torch.save([p.detach().clone() for p in model.parameters()], out)
 """)
 
 
-def test_two_nodes_match_one_process(tmp_path):
+@pytest.mark.parametrize("bucket_bytes", [0, 16], ids=["one-collective", "buckets"])
+def test_two_nodes_match_one_process(tmp_path, bucket_bytes):
     tests = os.path.dirname(os.path.abspath(__file__))
     script = NODE.format(tests=tests)
     store = str(tmp_path / "store")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     procs = [subprocess.Popen([sys.executable, "-c", script, str(r), store,
-                               str(tmp_path / f"node{r}.pt")], env=env,
+                               str(tmp_path / f"node{r}.pt"), str(bucket_bytes)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(2)]
     for p in procs:
