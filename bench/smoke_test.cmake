@@ -23,8 +23,10 @@ set(perf steps ms_per_step p90_ms samples_per_s reduce_ms sync_us speedup_vs_sin
 set(keys_single ${common} ${perf})
 set(keys_shm ${common} ${perf})
 set(keys_gloo ${common} ${perf})
-set(keys_shm-2nodes ${common} ${perf} node_ms bytes_per_node_per_step gloo_allreduce_ms node_over_gloo)
+set(keys_shm-2nodes ${common} ${perf} node_ms bytes_per_node_per_step collectives overlapped_per_step
+    gloo_allreduce_ms node_over_gloo)
 set(keys_shm-2nodes-bf16 ${keys_shm-2nodes})
+set(keys_shm-2nodes-after ${keys_shm-2nodes})
 set(keys_shm-1node ${common} ${perf})
 set(keys_reduce-only ${common} ${perf} gbps gbps_stream gloo_allreduce_ms)
 set(keys_check ${common} ok rel_err_shm_gloo)

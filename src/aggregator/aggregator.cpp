@@ -249,10 +249,14 @@ struct Aggregator::Impl {
     stage->beforeStep(steps_done);
     times.command = Clock::now();  // all the workers' step lies after it
     command(Command::kStep);
+    // The step's deadline counts from here, after command()'s wake-up system
+    // call: a stop signal (a suspended job) delivered on its return is not
+    // time the workers had.
+    const auto commanded = Clock::now();
     try {
-      sendEarlyBuckets(times.command);
+      sendEarlyBuckets(commanded);
       channel.await(map.header().reduced, options.step_timeout, Awaited{"step", steps_done},
-                    times.command);
+                    commanded);
     } catch (...) {
       finishForPeers();
       throw;

@@ -93,7 +93,7 @@ void ParentChannel::await(const std::atomic<std::uint32_t>& line, std::chrono::m
   const auto begin = Clock::now();
   auto deadline = since + timeout;
   spinUntilEqual(line, 0, spin_.budget());
-  auto last = Clock::now();
+  auto last = begin;  // a stop during the spin counts as a gap too
   for (;;) {
     const std::uint32_t left = line.load(std::memory_order_acquire);
     if (left == 0) {
