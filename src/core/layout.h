@@ -11,6 +11,7 @@
 //                     |   command line: command_seq, command, step, ...   |
 //                     |   computed line: workers left to fill their slot  |
 //                     |   reduced line: workers left to reduce their range|
+//                     |   bucket lines: workers left per early bucket     |
 //   control_offset    +---------------------------------------------------+
 //                     | WorkerControl[0] | WorkerControl[1] | ... [N-1]   |
 //   snapshot_offset   +---------------------------------------------------+ page
