@@ -117,6 +117,17 @@ std::vector<NodeResult> nodesOf(NodeRun run, int nodes, const std::string& store
   return runNodes(runs);
 }
 
+// Node 0 runs `faulty`, node 1 the same run without its fault, with tiny buckets.
+std::vector<NodeResult> faultyAndHealthy(NodeRun faulty, const std::string& store) {
+  faulty.bucket_bytes = kTinyBuckets;
+  faulty.nodes = 2;
+  faulty.store = store;
+  NodeRun healthy = faulty;
+  healthy.node = 1;
+  healthy.kill_worker_in_backward_at_step = healthy.throw_at_step = -1;
+  return runNodes({faulty, healthy});
+}
+
 void expectAllOk(const std::vector<NodeResult>& results) {
   for (std::size_t r = 0; r < results.size(); ++r)
     ASSERT_EQ(results[r].outcome, kOk) << "node " << r << ": " << results[r].what;
@@ -202,16 +213,11 @@ TEST_F(MultiNode, AShardFunctionThatDropsGradStillGetsEveryBucketRight) {
 }
 
 TEST_F(MultiNode, AWorkerDyingWhileBucketsAreInFlightEndsEveryNodeAtOnce) {
-  NodeRun run;
-  run.bucket_bytes = kTinyBuckets;
-  run.steps = 3;
-  run.timeout = std::chrono::milliseconds(20000);
-  NodeRun dying = run;
+  NodeRun dying;
+  dying.steps = 3;
+  dying.timeout = std::chrono::milliseconds(20000);
   dying.kill_worker_in_backward_at_step = 1;
-  run.nodes = dying.nodes = 2;
-  run.store = dying.store = store("a");
-  run.node = 1;
-  const auto results = runNodes({dying, run});
+  const auto results = faultyAndHealthy(dying, store("a"));
   // Its buckets were on the wire: the node cannot redo the step with fresh
   // workers (the other node refused it already).
   EXPECT_EQ(results[0].outcome, kWorkerDied) << results[0].what;
@@ -225,14 +231,9 @@ TEST_F(MultiNode, AWorkerDyingWhileBucketsAreInFlightEndsEveryNodeAtOnce) {
 }
 
 TEST_F(MultiNode, AWorkerThrowingWithBucketsFailsTheStepOnEveryNode) {
-  NodeRun run;
-  run.bucket_bytes = kTinyBuckets;
-  NodeRun throwing = run;
+  NodeRun throwing;
   throwing.throw_at_step = 2;
-  run.nodes = throwing.nodes = 2;
-  run.store = throwing.store = store("a");
-  run.node = 1;
-  const auto results = runNodes({throwing, run});
+  const auto results = faultyAndHealthy(throwing, store("a"));
   EXPECT_EQ(results[0].outcome, kWorkerFailed) << results[0].what;
   EXPECT_EQ(results[1].outcome, kNodeFailed) << results[1].what;
 }
