@@ -231,7 +231,6 @@ CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBindin
     }
     pieces_.push_back(std::move(piece));
   }
-  if (early_ > 0) sender_ = std::thread([this] { sendLoop(); });
   group_.endRendezvous();
 }
 
@@ -325,6 +324,12 @@ CrossNode::~CrossNode() {
 }
 
 void CrossNode::sendEarly(int bucket, int result, bool overlapped) {
+  // Started with the first bucket, not with the stage: the stage is built
+  // before the workers are forked, and a thread being born during fork() can
+  // leave a lock of the allocator held in the child for ever (seen under ASan:
+  // a worker that never left 'starting'). Idle on its condition variable, it
+  // holds none when a worker is forked again.
+  if (!sender_.joinable()) sender_ = std::thread([this] { sendLoop(); });
   {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back({bucket, result});
