@@ -139,6 +139,9 @@ struct Aggregator::Impl {
       stage = std::make_unique<LocalStage>(n);
     channel = ParentChannel(map.header().command_seq, workerWords(map, n), processes,
                             ChannelNames{"worker", "workers", Phase::kReducing});
+    const Placement place = stage->placement();
+    channel.setOwnCore(parentHasOwnCore(
+        place, options.resolvedThreadsPerWorker(place.host_workers), availableCores()));
     startWorkers();
     if (options.parent_threads > 0) {
       saved_parent_threads = at::get_num_threads();

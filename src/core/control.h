@@ -101,6 +101,12 @@ class ParentChannel {
   bool usable() const noexcept { return usable_; }
   const std::string& unusableReason() const noexcept { return reason_; }
   void onDeath(DeathHandler handler) { on_death_ = std::move(handler); }
+  // The parent has a core that none of the processes it waits for needs (its
+  // workers' threads and the parents on these cores fit the cores): its waits
+  // then spin for up to a few milliseconds whatever the rounds' length, since a
+  // futex wake-up (~0.1 ms) is a large part of a small step and spinning there
+  // takes nothing from the workers.
+  void setOwnCore(bool own) noexcept { own_core_ = own; }
 
   // Before forking a group: every worker "not arrived" and starting, each of
   // `lines` set to N. The workers start from seq() and arrive for it.
@@ -150,6 +156,7 @@ class ParentChannel {
   ChannelNames names_;
   DeathHandler on_death_;
   SpinPolicy spin_;
+  bool own_core_ = false;
   std::uint32_t seq_ = 0;  // the command_seq of the last command
   bool usable_ = false;
   std::string reason_;

@@ -19,10 +19,19 @@ struct Placement {
   // Workers that run on this node's cores, other nodes' on the same machine
   // and CPUs included: the default threads per worker divide the cores by it.
   int host_workers = 0;
+  // Node parents on those cores, this one included.
+  int host_nodes = 1;
   // The workers divide by the weight total themselves (one node), or leave
   // sum_i n_i g_i for the stage to divide after combining (several).
   bool normalize = true;
 };
+
+// Whether a node's parent has a core that none of the processes on these cores
+// needs while it waits: every worker's threads and every node parent fit the
+// cores (ParentChannel::setOwnCore: then its waits spin instead of sleeping).
+inline bool parentHasOwnCore(const Placement& p, int threads_per_worker, int cores) {
+  return p.host_workers * threads_per_worker + p.host_nodes <= cores;
+}
 
 // A step's outcome: this node's after its workers reduced; everyone's after
 // the stage.

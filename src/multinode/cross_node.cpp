@@ -80,8 +80,8 @@ std::string hostIdentity(int workers) {
   return fmt::format("{}\n{}\n{}", boot, cpus, workers);
 }
 
-// The workers of every node whose identity says it runs on this node's cores.
-int workersSharingCores(const std::vector<std::string>& ids, int me) {
+// The nodes, and their workers, whose identity says they run on this node's cores.
+std::pair<int, int> nodesSharingCores(const std::vector<std::string>& ids, int me) {
   auto parse = [](const std::string& id) {
     std::istringstream in(id);
     std::string boot, cpus;
@@ -95,14 +95,17 @@ int workersSharingCores(const std::vector<std::string>& ids, int me) {
     return std::make_tuple(boot, set, workers);
   };
   const auto [my_boot, my_cpus, my_workers] = parse(ids[me]);
-  int total = 0;
+  int nodes = 0, total = 0;
   for (const std::string& id : ids) {
     const auto [boot, cpus, workers] = parse(id);
     const bool overlap = std::any_of(cpus.begin(), cpus.end(),
                                      [&, &mine = my_cpus](int c) { return mine.count(c) > 0; });
-    if (boot == my_boot && (overlap || cpus.empty() || my_cpus.empty())) total += workers;
+    if (boot == my_boot && (overlap || cpus.empty() || my_cpus.empty())) {
+      ++nodes;
+      total += workers;
+    }
   }
-  return std::max(total, my_workers);
+  return {std::max(nodes, 1), std::max(total, my_workers)};
 }
 
 // What this node says it starts from (NodeOptions' agreement fields), by field name.
@@ -182,7 +185,7 @@ CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBindin
     if (r < group_.rank()) worker_offset_ += c;
     global_workers_ += c;
   }
-  host_workers_ = workersSharingCores(ids, group_.rank());
+  std::tie(host_nodes_, host_workers_) = nodesSharingCores(ids, group_.rank());
   // The same initial values everywhere: node 0's.
   for (TensorEntry& e : binding.params()) {
     at::Tensor v = viewAt(e, binding.paramRegion());
@@ -235,8 +238,15 @@ CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBindin
 }
 
 Placement CrossNode::placement() const {
-  return Placement{group_.rank(),   group_.size(), worker_offset_,
-                   global_workers_, host_workers_, /*normalize=*/false};
+  Placement p;
+  p.node = group_.rank();
+  p.nodes = group_.size();
+  p.worker_offset = worker_offset_;
+  p.global_workers = global_workers_;
+  p.host_workers = host_workers_;
+  p.host_nodes = host_nodes_;
+  p.normalize = false;
+  return p;
 }
 
 void CrossNode::beforeStep(std::int64_t step) {

@@ -102,6 +102,7 @@ class CrossNode final : public ReductionStage {
   int worker_offset_ = 0;
   int global_workers_ = 0;
   int host_workers_ = 0;
+  int host_nodes_ = 1;
   // In crossing order; the last one carries the status tail.
   std::vector<Piece> pieces_;
   std::uint64_t wire_bytes_ = 0;  // per step, from this node

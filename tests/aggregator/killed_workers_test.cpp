@@ -219,5 +219,47 @@ TEST_F(GradaggTest, StoppedWorkerMissesTheDeadlineAndIsNamed) {
   EXPECT_TRUE(childPids().empty());
 }
 
+// One worker of one thread leaves the parent a core of its own on a machine of
+// two or more: it then spins through the step instead of sleeping. A worker
+// killed, or stopped, meanwhile is found as soon as with a sleeping parent.
+TEST_F(GradaggTest, AParentSpinningOnItsOwnCoreStillSeesItsWorkerDieOrStop) {
+  ownProcessGroup();
+  auto model = makeModel(ModelKind::kMlp, torch::kFloat);
+  const Data data = makeData(ModelKind::kMlp, 8, torch::kFloat);
+  gradagg::Options o;
+  o.workers = 1;
+  o.threads_per_worker = 1;
+  o.step_timeout = 300ms;
+  gradagg::detail::ScopedTestHooks hooks;
+  hooks->on_worker_phase = [](int, Phase phase, int64_t step) {
+    if (phase == Phase::kBackward && step == 2) ::raise(SIGKILL);
+  };
+  {
+    gradagg::Aggregator agg(*model, shardFn(*model, data, shardBounds(8, 1, false)), o);
+    agg.step();
+    const auto grads = gradsOf(*model);
+    expectClose(grads, fullBatchGrads(*model, data), 1e-6, "one worker's gradient");
+    agg.step();
+    const auto t0 = std::chrono::steady_clock::now();
+    if (const auto e = expectThrows<gradagg::WorkerDied>([&] { agg.step(); }, "backward")) {
+      EXPECT_EQ(e->rank(), 0);
+      EXPECT_EQ(e->signal(), SIGKILL);
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+    EXPECT_TRUE(childPids().empty());
+  }
+  hooks->on_worker_phase = nullptr;
+  gradagg::Aggregator agg(*model, shardFn(*model, data, shardBounds(8, 1, false)), o);
+  agg.step();
+  const pid_t victim = agg.workerPids()[0];
+  ::kill(victim, SIGSTOP);
+  while (procState(victim) != 'T') std::this_thread::sleep_for(1ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (const auto e = expectThrows<gradagg::StepTimeout>([&] { agg.step(); }, "300 ms"))
+    EXPECT_EQ(e->rank(), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  EXPECT_TRUE(childPids().empty());
+}
+
 }  // namespace
 }  // namespace gradagg_test

@@ -61,6 +61,34 @@ TEST(WeightedSum, EqualsThePlainLeftToRightSumForEveryCountAndWorkerCount) {
     }
 }
 
+template <typename T>
+void checkOneSlotAtWeightOne(ElementType type) {
+  // One worker's mean is its slot: signed zeros, subnormals and the extremes
+  // come out as w * x computed in double would give them.
+  const std::vector<T> in{T(0),
+                          -T(0),
+                          std::numeric_limits<T>::denorm_min(),
+                          -std::numeric_limits<T>::denorm_min(),
+                          std::numeric_limits<T>::max(),
+                          std::numeric_limits<T>::lowest(),
+                          std::numeric_limits<T>::min(),
+                          T(1) / T(3)};
+  const void* p = in.data();
+  const double one = 1;
+  std::vector<T> out(in.size(), T(7));
+  weightedSum(type, out.data(), &p, &one, 1, in.size());
+  for (std::size_t k = 0; k < in.size(); ++k) {
+    const T want = static_cast<T>(one * static_cast<double>(in[k]));
+    EXPECT_EQ(std::signbit(out[k]), std::signbit(want)) << k;
+    EXPECT_EQ(out[k], want) << k;
+  }
+}
+
+TEST(WeightedSum, OneSlotAtWeightOneIsThatSlotBitForBit) {
+  checkOneSlotAtWeightOne<float>(ElementType::kFloat32);
+  checkOneSlotAtWeightOne<double>(ElementType::kFloat64);
+}
+
 TEST(ReduceRange, WritesOnlyTrainableParametersInsideItsRange) {
   // Two float parameters at 0 (20 elements = 80 bytes -> 128) and 128 (10
   // elements, not trainable).
