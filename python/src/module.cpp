@@ -240,6 +240,8 @@ const std::initializer_list<std::pair<const char*, BufferSync>> kBufferSyncs = {
     {"keep", BufferSync::kKeepParent}};
 const std::initializer_list<std::pair<const char*, NonFinitePolicy>> kNonFinite = {
     {"raise", NonFinitePolicy::kRaise}, {"skip", NonFinitePolicy::kSkipStep}};
+const std::initializer_list<std::pair<const char*, Compression>> kCompressions = {
+    {"none", Compression::kNone}, {"bf16", Compression::kBFloat16}};
 
 using Seconds = std::chrono::duration<double>;
 std::chrono::milliseconds millis(double seconds, const char* field) {
@@ -337,15 +339,9 @@ void bindOptions(py::module_& m) {
       .def_readwrite("must_match", &NodeOptions::must_match,
                      "settings (str -> str) every node must share, compared at the rendezvous")
       .def_property(
-          "compression",
-          [](const NodeOptions& o) {
-            return std::string(o.compression == Compression::kBFloat16 ? "bf16" : "none");
-          },
+          "compression", [](const NodeOptions& o) { return nameOf(o.compression, kCompressions); },
           [](NodeOptions& o, const std::string& v) {
-            if (v != "none" && v != "bf16")
-              throw InvalidArgument(
-                  fmt::format("NodeOptions.compression: expected 'none' or 'bf16', got '{}'", v));
-            o.compression = v == "bf16" ? Compression::kBFloat16 : Compression::kNone;
+            o.compression = enumOf(v, "NodeOptions.compression", kCompressions);
           },
           "'bf16': float32 gradients cross the nodes as bf16 (off: 'none')")
       .def_readwrite("bucket_bytes", &NodeOptions::bucket_bytes,

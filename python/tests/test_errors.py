@@ -101,6 +101,16 @@ def test_bad_options_are_value_errors_naming_the_field(kwargs, field):
     assert isinstance(info.value, ValueError)
 
 
+def test_node_options_compression_takes_its_names_only():
+    nodes = gradagg.NodeOptions()
+    assert nodes.compression == "none"
+    nodes.compression = "bf16"
+    assert nodes.compression == "bf16"
+    with pytest.raises(gradagg.InvalidArgument, match="NodeOptions.compression.*'none', 'bf16'.*'fp8'"):
+        nodes.compression = "fp8"
+    assert nodes.compression == "bf16"
+
+
 def test_bad_models():
     with pytest.raises(gradagg.InvalidArgument, match="expected a torch.nn.Module"):
         gradagg.Aggregator(object(), lambda ctx: None)

@@ -113,12 +113,7 @@ struct Aggregator::Impl {
     if (options.nodes.nodes > 1)
       buckets = planBuckets(binding, options.nodes.first_bucket_bytes, options.nodes.bucket_bytes,
                             options.nodes.overlap);
-    const ByteRange tail = buckets.tail(layout.sizes.param_bytes);
-    ranges = splitRanges(tail.end - tail.begin, n);
-    for (ByteRange& r : ranges) {
-      r.begin += tail.begin;
-      r.end += tail.begin;
-    }
+    ranges = splitRanges(buckets.tail(layout.sizes.param_bytes), n);
     for (int r = 0; r < n; ++r) slots.push_back(map.slot(r));
     early_samples.resize(n);
     early_weights.resize(n);
@@ -127,15 +122,9 @@ struct Aggregator::Impl {
         param_list.push_back(p.unsafeGetTensorImpl());
     report.workers.resize(n);
     apply = std::make_unique<Applier>(binding, map, options);
-    if (options.nodes.nodes > 1) {
-      for (const TensorEntry& p : binding.params())
-        if (p.dtype != at::kFloat && p.dtype != at::kDouble)
-          throw InvalidArgument(
-              fmt::format("parameter '{}' is {}: across nodes gradagg serves float32 and float64 "
-                          "parameters only (one node serves bfloat16 and float16 too)",
-                          p.name, c10::toString(p.dtype)));
+    if (options.nodes.nodes > 1)  // refuses bf16 and fp16 parameters before its rendezvous
       stage = std::make_unique<CrossNode>(options.nodes, options.buffers, binding, map, n, buckets);
-    } else
+    else
       stage = std::make_unique<LocalStage>(n);
     channel = ParentChannel(map.header().command_seq, workerWords(map, n), processes,
                             ChannelNames{"worker", "workers", Phase::kReducing});

@@ -266,6 +266,15 @@ std::vector<ByteRange> splitRanges(std::uint64_t total_bytes, int parts) {
   return out;
 }
 
+std::vector<ByteRange> splitRanges(ByteRange whole, int parts) {
+  std::vector<ByteRange> out = splitRanges(whole.end - whole.begin, parts);
+  for (ByteRange& r : out) {
+    r.begin += whole.begin;
+    r.end += whole.begin;
+  }
+  return out;
+}
+
 void computeWeights(bool equal, const std::int64_t* samples, int n, double* w, bool normalize) {
   double total = 0;
   for (int i = 0; i < n; ++i) total += equal ? 1.0 : static_cast<double>(samples[i]);

@@ -32,6 +32,9 @@ struct ByteRange {
 // [0, total_bytes) cut into `parts` ranges of nearly equal size on 64-byte
 // boundaries (element boundaries inside every parameter). Some may be empty.
 std::vector<ByteRange> splitRanges(std::uint64_t total_bytes, int parts);
+// The same over `whole` (its begin on a 64-byte boundary, as every parameter's
+// offset is): e.g. the last bucket, which the workers reduce.
+std::vector<ByteRange> splitRanges(ByteRange whole, int parts);
 
 // w_i = samples_i / sum(samples), or 1 / n when `equal`; without `normalize`,
 // w_i = samples_i, or 1 (across nodes the division comes after the allreduce).

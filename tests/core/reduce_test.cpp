@@ -32,6 +32,20 @@ TEST(SplitRanges, CoverTheWholeGradientContiguouslyOnLineBoundaries) {
   }
 }
 
+TEST(SplitRanges, OfARangeCoverItOnLineBoundaries) {
+  const ByteRange tail{64 * 5, 64 * 5 + 1000};
+  const auto ranges = splitRanges(tail, 3);
+  ASSERT_EQ(ranges.size(), 3u);
+  std::uint64_t at = tail.begin;
+  for (const auto& r : ranges) {
+    EXPECT_EQ(r.begin, at);
+    EXPECT_LT(r.begin, r.end);
+    EXPECT_EQ(r.begin % 64, 0u);
+    at = r.end;
+  }
+  EXPECT_EQ(at, tail.end);
+}
+
 template <typename T>
 void checkWeightedSum(ElementType type, int n, std::size_t count) {
   std::mt19937 rng(n * 1000 + static_cast<int>(count));

@@ -4,6 +4,7 @@
 // timeout: a node whose peers never come fails within it, neither much later
 // nor early.
 #include "node_harness.h"
+#include "support/expect_throws.h"
 
 namespace gradagg_test {
 namespace {
@@ -80,6 +81,25 @@ void expectLoneNodeFailsOnTime(NodeRun run) {
   EXPECT_NE(results[0].what.find("rendezvous"), std::string::npos) << results[0].what;
   EXPECT_GE(results[0].seconds, 1.9) << results[0].what;
   EXPECT_LT(results[0].seconds, 3.0) << results[0].what;
+}
+
+TEST_F(MultiNode, AHalfPrecisionModelIsRefusedBeforeTheRendezvous) {
+  // Refused on every node alike, before it waits for its peers (none comes here).
+  auto model = makeModel(ModelKind::kMlp, torch::kBFloat16);
+  const Data data = makeData(ModelKind::kMlp, 8, torch::kBFloat16);
+  gradagg::Options o;
+  o.workers = 1;
+  o.nodes.nodes = 2;
+  o.nodes.store_path = store("bf16");
+  o.nodes.timeout = 20s;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (const auto e = expectThrows<gradagg::InvalidArgument>(
+          [&] { gradagg::Aggregator agg(*model, shardFn(*model, data, {0, 8}), o); }, "BFloat16"))
+    EXPECT_NE(std::string(e->what()).find("float32 and float64"), std::string::npos) << e->what();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_TRUE(childPids().empty());
+  EXPECT_TRUE(bitIdentical(paramsOf(*model),
+                           paramsOf(*makeModel(ModelKind::kMlp, torch::kBFloat16))));
 }
 
 TEST_F(MultiNode, ALoneNodeFailsWithinItsRendezvousTimeoutOverAFileStore) {
