@@ -233,9 +233,10 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   nodes.must_match["train_labels_checksum"] = std::to_string(
       (train_labels * torch::arange(1, n + 1, torch::kLong)).sum().item<std::int64_t>());
   if (resume) {
-    nodes.resume_identity = resume->identity();
-    progress = progressOf(resume->load(*model, *optimizer, trajectorySettings(config)),
-                          config.resume);
+    const gradagg::TrainingState state =
+        resume->load(*model, *optimizer, trajectorySettings(config));
+    nodes.resume_identity = state.identity;
+    progress = progressOf(state, config.resume);
   }
   nodes.start_step = progress.step;
   const std::int64_t first_step = progress.step;
@@ -357,8 +358,11 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
     if (checkpoint &&
         (epoch_done || stop || finished ||
          (config.checkpoint_every > 0 && progress.step % config.checkpoint_every == 0))) {
-      checkpoint->save(*model, *optimizer,
-                       {progress.step, metadataOf(progress), trajectorySettings(config)});
+      gradagg::TrainingState state;
+      state.step = progress.step;
+      state.metadata = metadataOf(progress);
+      state.settings = trajectorySettings(config);
+      checkpoint->save(*model, *optimizer, state);
     }
     if (stop && !finished) {
       result.stopped = true;

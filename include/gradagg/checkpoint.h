@@ -47,6 +47,9 @@ struct TrainingState {
   // What a resume must share with the run that saved (seed, batch, data, ...):
   // load() compares them with the caller's and names the first that differs.
   std::map<std::string, std::string> settings;
+  // Set by load(): the identity() of the file it read (NodeOptions::resume_identity),
+  // without reading the file again. save() ignores it.
+  std::string identity;
 };
 
 // A checkpoint that cannot be written or read, or does not fit: path() names

@@ -38,6 +38,11 @@ std::map<std::string, std::string> decode(const std::string& s, const std::strin
   return *m;
 }
 
+// Checkpoint::identity(): the payload's CRC-64 and length, in hex.
+std::string identityOf(std::uint64_t crc, std::size_t bytes) {
+  return fmt::format("{:016x}-{:x}", crc, bytes);
+}
+
 std::string joinNames(const ModelView& model) {
   std::string names;
   for (const auto& p : model.parameters) names += "p " + p.name + "\n";
@@ -99,9 +104,11 @@ void Checkpoint::save(torch::nn::Module& model, const torch::optim::Optimizer& o
 
 TrainingState Checkpoint::load(const ModelView& model, torch::optim::Optimizer* optimizer,
                                const std::map<std::string, std::string>& settings) const {
-  const std::string payload = detail::readVerified(path_);  // names a missing file too
+  std::uint64_t crc = 0;
+  const std::string payload = detail::readVerified(path_, &crc);  // names a missing file too
   torch::serialize::InputArchive archive;
   TrainingState state;
+  state.identity = identityOf(crc, payload.size());
   std::vector<at::Tensor> params, buffers;
   at::Tensor rng;
   try {
@@ -194,7 +201,7 @@ std::string Checkpoint::identity() const {
   if (!exists()) return "";
   std::uint64_t crc = 0;
   const std::string payload = detail::readVerified(path_, &crc);
-  return fmt::format("{:016x}-{:x}", crc, payload.size());
+  return identityOf(crc, payload.size());
 }
 
 }  // namespace gradagg

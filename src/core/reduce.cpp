@@ -318,7 +318,7 @@ void weightedSum(ElementType type, void* out, const void* const* in, const doubl
   // is the slot's bytes (for every finite value; a step with a non-finite one
   // is never applied). A copy runs at memory speed, the loops below do not.
   if (n == 1 && w[0] == 1.0) {
-    std::memcpy(out, in[0], count * elementBytes(type));
+    if (out != in[0]) std::memcpy(out, in[0], count * elementBytes(type));
     return;
   }
   switch (type) {

@@ -125,6 +125,8 @@ TEST_F(CheckpointTest, AResumedTrainingIsTheTrainingThatWasNotStoppedBitForBit) 
   EXPECT_EQ(state.step, 3);
   EXPECT_EQ(state.metadata, saved.metadata);
   EXPECT_EQ(state.settings, saved.settings);
+  EXPECT_FALSE(state.identity.empty());
+  EXPECT_EQ(state.identity, ckpt.identity()) << "the file read is the file on disk";
   EXPECT_TRUE(torch::equal(torch::rand({4}), draw_after_save)) << "the generator was restored";
   resumed.steps(3);
   EXPECT_TRUE(bitIdentical(resumed.state(), whole.state()));
