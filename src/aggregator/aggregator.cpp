@@ -85,6 +85,7 @@ struct Aggregator::Impl {
   ProcessSet processes;
   ParentChannel channel;
   int saved_parent_threads = 0;  // to restore, when options.parent_threads > 0
+  int worker_threads = 1;        // intra-op threads per worker (the stage knows who shares the cores)
 
   std::int64_t steps_done = 0;
   // Early buckets were sent when a wait for the workers failed: the other nodes
@@ -128,9 +129,8 @@ struct Aggregator::Impl {
       stage = std::make_unique<LocalStage>(n);
     channel = ParentChannel(map.header().command_seq, workerWords(map, n), processes,
                             ChannelNames{"worker", "workers", Phase::kReducing});
-    const Placement place = stage->placement();
-    channel.setOwnCore(parentHasOwnCore(
-        place, options.resolvedThreadsPerWorker(place.host_workers), availableCores()));
+    worker_threads = options.resolvedThreadsPerWorker(stage->placement().host_workers);
+    channel.setOwnCore(parentHasOwnCore(stage->placement(), worker_threads, availableCores()));
     startWorkers();
     if (options.parent_threads > 0) {
       saved_parent_threads = at::get_num_threads();
@@ -155,7 +155,7 @@ struct Aggregator::Impl {
       c.message[0] = '\0';
     }
     WorkerSetup s;
-    s.threads = options.resolvedThreadsPerWorker(stage->placement().host_workers);
+    s.threads = worker_threads;
     s.segment = &segment;
     s.layout = map.layout;
     s.binding = &binding;
@@ -379,8 +379,7 @@ int Aggregator::workers() const noexcept { return impl_ ? impl_->options.workers
 std::int64_t Aggregator::stepsDone() const noexcept { return impl_ ? impl_->steps_done : 0; }
 const Options& Aggregator::options() const noexcept { return impl_->options; }
 int Aggregator::threadsPerWorker() const {
-  return impl_ ? impl_->options.resolvedThreadsPerWorker(impl_->stage->placement().host_workers)
-               : 0;
+  return impl_ ? impl_->worker_threads : 0;
 }
 std::vector<int> Aggregator::workerPids() const {
   std::vector<int> out;

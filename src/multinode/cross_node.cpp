@@ -180,12 +180,16 @@ CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBindin
   requireAgreement(group_.exchange("agreement", encodeTextMap(agreementOf(options))),
                    group_.rank());
   const auto ids = group_.exchange("host", hostIdentity(workers));
+  placement_.node = group_.rank();
+  placement_.nodes = group_.size();
+  placement_.normalize = false;
   for (int r = 0; r < group_.size(); ++r) {
     const int c = std::stoi(ids[r].substr(ids[r].rfind('\n') + 1));
-    if (r < group_.rank()) worker_offset_ += c;
-    global_workers_ += c;
+    if (r < group_.rank()) placement_.worker_offset += c;
+    placement_.global_workers += c;
   }
-  std::tie(host_nodes_, host_workers_) = nodesSharingCores(ids, group_.rank());
+  std::tie(placement_.host_nodes, placement_.host_workers) =
+      nodesSharingCores(ids, group_.rank());
   // The same initial values everywhere: node 0's.
   for (TensorEntry& e : binding.params()) {
     at::Tensor v = viewAt(e, binding.paramRegion());
@@ -235,18 +239,6 @@ CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBindin
     pieces_.push_back(std::move(piece));
   }
   group_.endRendezvous();
-}
-
-Placement CrossNode::placement() const {
-  Placement p;
-  p.node = group_.rank();
-  p.nodes = group_.size();
-  p.worker_offset = worker_offset_;
-  p.global_workers = global_workers_;
-  p.host_workers = host_workers_;
-  p.host_nodes = host_nodes_;
-  p.normalize = false;
-  return p;
 }
 
 void CrossNode::beforeStep(std::int64_t step) {

@@ -64,7 +64,7 @@ class CrossNode final : public ReductionStage {
             const SegmentMap& segment, int workers, const BucketPlan& plan);
   ~CrossNode() override;
 
-  Placement placement() const override;
+  Placement placement() const override { return placement_; }
   void beforeStep(std::int64_t step) override;  // the checksum, every checksum_interval steps
   StepTotals reduce(const StepTotals& local, std::vector<std::uint8_t>& any_grad,
                     int result) override;
@@ -99,10 +99,7 @@ class CrossNode final : public ReductionStage {
   SegmentMap segment_;
   int checksum_interval_ = 0;
   bool gather_buffers_ = false;
-  int worker_offset_ = 0;
-  int global_workers_ = 0;
-  int host_workers_ = 0;
-  int host_nodes_ = 1;
+  Placement placement_;  // found at the rendezvous
   // In crossing order; the last one carries the status tail.
   std::vector<Piece> pieces_;
   std::uint64_t wire_bytes_ = 0;  // per step, from this node
