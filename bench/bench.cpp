@@ -303,6 +303,15 @@ Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg,
              gradagg::Compression compression, bool overlap);
 double glooAllreduceMs(int n, std::size_t count, int samples, int threads);
 
+// One step's collective as the process that reached it last saw it: the least
+// of the n processes' times (values[k * stride]). The others also waited there
+// for the slower one's compute; the last one waited for the collective alone.
+double lastArrival(const double* values, int n, int stride) {
+  double least = values[0];
+  for (int k = 1; k < n; ++k) least = std::min(least, values[k * stride]);
+  return least;
+}
+
 // ---- an emulated cluster (tests/cluster/cluster.sh) ------------------------------
 // With --cluster PREFIX (from `cluster.sh up 2 RATE`) every forked node and Gloo
 // peer k enters machine k % 2's network namespace (PREFIXn<m>) and talks over its
@@ -365,9 +374,12 @@ Row runGloo(const ModelSpec& spec, const Data& data, const Config& cfg, int warm
   const std::int64_t P = paramCount(spec);
   Mlp model = makeModel(spec);
   detail::Segment shared;
-  auto* times = static_cast<GlooStepTimes*>(
-      sharedMapping(shared, sizeof(GlooStepTimes) * total_steps + sizeof(float) * P));
-  auto* grad_out = reinterpret_cast<float*>(times + total_steps);
+  // Rank 0's timings, then every rank's allreduce time per step (rank-major).
+  auto* times = static_cast<GlooStepTimes*>(sharedMapping(
+      shared, sizeof(GlooStepTimes) * total_steps + sizeof(double) * n * total_steps +
+                  sizeof(float) * P));
+  auto* allreduce_of = reinterpret_cast<double*>(times + total_steps);
+  auto* grad_out = reinterpret_cast<float*>(allreduce_of + n * total_steps);
 
   runGlooGroup(n, peerThreads(cfg), [&](int rank, GlooPeer& peer) {
     torch::optim::SGD opt(model->parameters(), kLearningRate);
@@ -394,14 +406,16 @@ Row runGloo(const ModelSpec& spec, const Data& data, const Config& cfg, int warm
         std::memcpy(grad_out, flat.data_ptr<float>(), sizeof(float) * P);
       opt.step();
       using Ms = std::chrono::duration<double, std::milli>;
+      allreduce_of[rank * total_steps + s] = Ms(t2 - t1).count();
       if (rank == 0)
         times[s] = {msSince(t0), Ms(t1 - t0).count(), Ms(t2 - t1).count(), msSince(t2)};
     }
   });
 
   if (first_grad) *first_grad = torch::from_blob(grad_out, {P}, torch::kFloat).clone();
-  std::vector<double> total, compute, allreduce, optimizer;
+  std::vector<double> total, compute, allreduce, optimizer, last;
   for (int s = warmup; s < total_steps; ++s) {
+    last.push_back(lastArrival(allreduce_of + s, n, total_steps));
     total.push_back(times[s].total_ms);
     compute.push_back(times[s].compute_ms);
     allreduce.push_back(times[s].allreduce_ms);
@@ -415,6 +429,7 @@ Row runGloo(const ModelSpec& spec, const Data& data, const Config& cfg, int warm
   row.sync_us = 1000 * row.reduce_ms;
   row.extra["compute_ms"] = median(compute);
   row.extra["optimizer_ms"] = median(optimizer);
+  row.extra["allreduce_last_ms"] = median(last);
   return row;
 }
 
@@ -431,7 +446,8 @@ Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg,
   const int total_steps = cfg.warmup + cfg.steps;
   TempDir dir("bench");
   detail::Segment shared;
-  auto* times = static_cast<NodeTimes*>(sharedMapping(shared, sizeof(NodeTimes) * total_steps));
+  // Node 0's timings, then node 1's.
+  auto* times = static_cast<NodeTimes*>(sharedMapping(shared, sizeof(NodeTimes) * 2 * total_steps));
   ForkedPeers nodes;
   nodes.spawn(2, [&](int node) {
     const ClusterMachine machine = enterMachine(node);
@@ -451,15 +467,16 @@ Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg,
       const auto t0 = Clock::now();
       const gradagg::StepReport& r = agg.step();
       opt.step();
-      if (node == 0)
-        times[s] = NodeTimes{msSince(t0),  r.node_ms,          r.reduce_ms,
-                             r.node_bytes, r.node_collectives, r.node_overlapped};
+      times[node * total_steps + s] = NodeTimes{
+          msSince(t0), r.node_ms, r.reduce_ms, r.node_bytes, r.node_collectives, r.node_overlapped};
     }
     return 0;
   });
   nodes.join(std::chrono::minutes(30));
-  std::vector<double> total, node_ms, reduce;
+  std::vector<double> total, node_ms, reduce, last;
   for (int s = cfg.warmup; s < total_steps; ++s) {
+    const double of[2] = {times[s].node_ms, times[total_steps + s].node_ms};
+    last.push_back(lastArrival(of, 2, 1));
     total.push_back(times[s].total_ms);
     node_ms.push_back(times[s].node_ms);
     reduce.push_back(times[s].reduce_ms);
@@ -486,6 +503,8 @@ Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg,
       glooAllreduceMs(2, static_cast<std::size_t>(paramCount(spec)), std::max(cfg.steps, 50), 1);
   row.extra["gloo_allreduce_ms"] = gloo;
   row.extra["node_over_gloo"] = median(node_ms) / gloo;
+  row.extra["node_last_ms"] = median(last);
+  row.extra["node_last_over_gloo"] = median(last) / gloo;
   return row;
 }
 
