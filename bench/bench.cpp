@@ -336,6 +336,36 @@ ClusterMachine enterMachine(int k) {
   return {g_cluster + "v" + std::to_string(m), "10.213.0." + std::to_string(m + 1)};
 }
 
+// ---- --pin: each node or peer on CPUs of its own ---------------------------------
+// Part k of n of the CPUs this process may use, for a forked node or Gloo peer
+// k (round robin when there are more processes than CPUs): processes of
+// different nodes then never share a core, as when each node of a host is
+// given its own CPUs (taskset, a launcher's CPU binding). Without it the
+// kernel places them, and on loopback it often puts two that wake each other
+// on one core for a while.
+bool g_pin = false;
+
+void pinTo(int k, int n) {
+  if (!g_pin) return;
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  if (::sched_getaffinity(0, sizeof(all), &all) != 0)
+    throw std::system_error(errno, std::generic_category(), "gradagg-bench: sched_getaffinity");
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &all)) cpus.push_back(c);
+  const int count = static_cast<int>(cpus.size());
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (count >= n) {
+    for (int i = k * count / n; i < (k + 1) * count / n; ++i) CPU_SET(cpus[i], &mine);
+  } else {
+    CPU_SET(cpus[k % count], &mine);
+  }
+  if (::sched_setaffinity(0, sizeof(mine), &mine) != 0)
+    throw std::system_error(errno, std::generic_category(), "gradagg-bench: sched_setaffinity");
+}
+
 // ---- gloo (forked peers, DDP style) ---------------------------------------------
 
 // A fresh directory for one group's FileStore, removed with everything in it.
@@ -347,6 +377,7 @@ void runGlooGroup(int n, int threads, const std::function<void(int, GlooPeer&)>&
   TempDir dir("bench");
   ForkedPeers peers;
   peers.spawn(n, [&](int rank) {
+    pinTo(rank, n);
     at::set_num_threads(threads);
     GlooPeer::Options options;
     options.hostname = enterMachine(rank).address;
@@ -451,6 +482,7 @@ Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg,
   ForkedPeers nodes;
   nodes.spawn(2, [&](int node) {
     const ClusterMachine machine = enterMachine(node);
+    pinTo(node, 2);
     Mlp model = makeModel(spec);
     torch::optim::SGD opt(model->parameters(), kLearningRate);
     gradagg::Options options;
@@ -665,6 +697,9 @@ int run(int argc, char** argv) {
   app.add_option("--modes", modes,
                  "comma list of single, shm, gloo, shm-1node, shm-2nodes, shm-2nodes-bf16, "
                  "shm-2nodes-after (overlap off), reduce-only (default all)");
+  app.add_flag("--pin", g_pin,
+               "give each node (shm-2nodes*) and each Gloo peer its own part of the CPUs "
+               "(sched_setaffinity), as taskset per node would");
   app.add_option("--cluster", g_cluster,
                  "run the nodes and Gloo peers in an emulated cluster's namespaces (the prefix "
                  "`tests/cluster/cluster.sh up 2 RATE` prints), over its limited link");
