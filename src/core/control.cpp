@@ -74,6 +74,8 @@ void setLines(std::initializer_list<ArriveLine> lines, int workers) {
 
 void ParentChannel::prepareStart(std::initializer_list<ArriveLine> lines) {
   seq_ = command_seq_->load(std::memory_order_relaxed);
+  stopped_ = {};
+  last_look_ = Clock::now();
   for (int r = 0; r < workers(); ++r) {
     workers_[r].done_seq->store(seq_ - 1, std::memory_order_relaxed);  // "not arrived"
     prepareRestart(r);
@@ -90,26 +92,33 @@ void ParentChannel::command(std::initializer_list<ArriveLine> lines) {
   setLines(lines, workers());
   seq_ = command_seq_->fetch_add(1, std::memory_order_release) + 1;
   futexWakeAll(*command_seq_);
+  stopped_ = {};
+  last_look_ = Clock::now();
 }
 
 void ParentChannel::await(const std::atomic<std::uint32_t>& line, std::chrono::milliseconds timeout,
                           const Awaited& what, Clock::time_point since) {
   const auto begin = Clock::now();
-  auto deadline = since + timeout;
+  // Since the command's last look: its own work between two waits (a bucket's
+  // sum) takes far less than kSuspendedGap; more means this process was stopped.
+  if (begin - last_look_ > kSuspendedGap) stopped_ += begin - last_look_;
+  last_look_ = begin;
   spinUntilEqual(line, 0, own_core_ ? kOwnCoreSpin : spin_.budget());
-  auto last = begin;  // a stop during the spin counts as a gap too
   for (;;) {
     const std::uint32_t left = line.load(std::memory_order_acquire);
+    const auto now = Clock::now();
+    // A look that came a slice and a second after the last one: we were stopped
+    // (also during the spin), not the workers late.
+    const auto gap = now - last_look_ - kLivenessSlice;
+    if (gap > kSuspendedGap) stopped_ += gap;
+    last_look_ = now;
     if (left == 0) {
-      spin_.record(Clock::now() - begin);
+      spin_.record(now - begin);
       return;
     }
     checkAlive(what);
     checkInterrupt(what);
-    const auto now = Clock::now();
-    const auto gap = now - last - kLivenessSlice;
-    if (gap > kSuspendedGap) deadline += gap;  // we were stopped, not the workers late
-    last = now;
+    const auto deadline = since + timeout + stopped_;
     if (now >= deadline) {
       const int k = lateRank();
       fail<StepTimeout>(k, fmt::format("gradagg: {} {} did not finish {} within {} ms (it is in "

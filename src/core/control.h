@@ -123,7 +123,10 @@ class ParentChannel {
   // Waits until `line` reads 0, until `timeout` after `since` (several waits of
   // one command share a deadline), checking every slice that each worker
   // lives. A death is WorkerDied, a missed deadline StepTimeout naming the late
-  // worker; both go through fail().
+  // worker; both go through fail(). Time this process was stopped (SIGSTOP,
+  // Ctrl-Z, a paused machine: a slice that took a second longer than asked)
+  // moves the deadline, in this wait or earlier ones of the same command, or
+  // between two of them.
   void await(const std::atomic<std::uint32_t>& line, std::chrono::milliseconds timeout,
              const Awaited& what, Clock::time_point since = Clock::now());
   // Did worker `rank` finish the current command (done_seq == seq())?
@@ -158,6 +161,10 @@ class ParentChannel {
   SpinPolicy spin_;
   bool own_core_ = false;
   std::uint32_t seq_ = 0;  // the command_seq of the last command
+  // The last command's (or start-up's) waits: the stops credited so far, and
+  // when a wait of it last looked (a stop between two waits shows as a gap).
+  Clock::duration stopped_{};
+  Clock::time_point last_look_ = Clock::now();
   bool usable_ = false;
   std::string reason_;
 };
