@@ -1,6 +1,7 @@
 # Runs `gradagg-bench --short --check --json JSON` and validates the JSON Lines:
 # every line an object, every mode's required keys present, every mode seen,
-# every check row ok. Timings are never asserted.
+# every check row ok; then the nodes and peers pinned (--pin) once. Timings are
+# never asserted.
 #   cmake -DBENCH=<gradagg-bench> -DJSON=<file> -P smoke_test.cmake
 cmake_minimum_required(VERSION 3.19)
 foreach(var BENCH JSON)
@@ -65,3 +66,16 @@ foreach(mode single shm gloo shm-1node shm-2nodes shm-2nodes-bf16 reduce-only ch
   endif()
 endforeach()
 message(STATUS "${count} valid JSON lines in ${JSON}")
+
+# --pin: each node and each Gloo peer on its own part of the CPUs.
+file(REMOVE ${JSON}.pin)
+execute_process(COMMAND ${BENCH} --short --pin --modes shm-2nodes,gloo --json ${JSON}.pin
+                RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "gradagg-bench --short --pin exited with ${rc}")
+endif()
+file(STRINGS ${JSON}.pin pinned)
+list(LENGTH pinned count)
+if(NOT count EQUAL 4)
+  message(FATAL_ERROR "gradagg-bench --short --pin: expected 4 rows (2 models x shm-2nodes, gloo), got ${count}")
+endif()
