@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -208,8 +209,12 @@ std::vector<NodeResult> runNodes(std::vector<NodeRun> runs) {
   for (const NodeRun& run : runs) {
     int fds[2];
     EXPECT_EQ(::pipe(fds), 0);
+    const pid_t test = ::getpid();
     const pid_t pid = ::fork();
     if (pid == 0) {
+      // A node dies with the test (e.g. killed by ctest's timeout), as workers do.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != test) ::_exit(1);
       ::close(fds[0]);
       std::this_thread::sleep_for(run.start_delay);
       const auto t0 = std::chrono::steady_clock::now();
