@@ -255,8 +255,9 @@ TEST_F(GradaggTest, AParentSpinningOnItsOwnCoreStillSeesItsWorkerDieOrStop) {
   ::kill(victim, SIGSTOP);
   while (procState(victim) != 'T') std::this_thread::sleep_for(1ms);
   const auto t0 = std::chrono::steady_clock::now();
-  if (const auto e = expectThrows<gradagg::StepTimeout>([&] { agg.step(); }, "300 ms"))
+  if (const auto e = expectThrows<gradagg::StepTimeout>([&] { agg.step(); }, "300 ms")) {
     EXPECT_EQ(e->rank(), 0);
+  }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
   EXPECT_TRUE(childPids().empty());
 }

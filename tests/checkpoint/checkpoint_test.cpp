@@ -158,7 +158,7 @@ TEST_F(CheckpointTest, LoadingAMissingFileNamesIt) {
 std::string fullDiskScenario(const std::string& path, bool use_fsize_limit) {
   Training run;
   const Checkpoint ckpt(path);
-  ckpt.save(*run.model, *run.opt, TrainingState{1, {}, {}});
+  ckpt.save(*run.model, *run.opt, TrainingState{1, {}, {}, {}});
   const std::string good = ckpt.identity();
   const auto good_bytes = std::filesystem::file_size(path);
   if (use_fsize_limit) {
@@ -167,7 +167,7 @@ std::string fullDiskScenario(const std::string& path, bool use_fsize_limit) {
   }
   run.steps(1, 1);
   try {
-    ckpt.save(*run.model, *run.opt, TrainingState{2, {}, {}});
+    ckpt.save(*run.model, *run.opt, TrainingState{2, {}, {}, {}});
     return "the second save did not fail";
   } catch (const CheckpointError& e) {
     const std::string what = e.what();
@@ -221,7 +221,7 @@ TEST_F(CheckpointTest, BitFlipsAndTruncationsAreCaughtOnLoad) {
   sgd.step();  // momentum buffers: the optimizer has state
   const gradagg::ModelView model{{{"theta", theta}, {"bias", bias}}, {}, {}, {}, {}};
   const std::string path = dir_.file("good.ckpt"), bad = dir_.file("bad.ckpt");
-  Checkpoint(path).save(model, &sgd, TrainingState{1, {{"k", "v"}}, {{"seed", "3"}}});
+  Checkpoint(path).save(model, &sgd, TrainingState{1, {{"k", "v"}}, {{"seed", "3"}}, {}});
   const std::string bytes = readFile(path);
   const Checkpoint corrupt(bad);
   std::vector<std::size_t> bits;
@@ -260,7 +260,7 @@ TEST_F(CheckpointTest, BitFlipsAndTruncationsAreCaughtOnLoad) {
 TEST_F(CheckpointTest, DifferentSettingsAreNamedAndChangeNothing) {
   Training run;
   const Checkpoint ckpt(dir_.file("run.ckpt"));
-  ckpt.save(*run.model, *run.opt, TrainingState{5, {}, {{"seed", "1"}, {"batch", "64"}}});
+  ckpt.save(*run.model, *run.opt, TrainingState{5, {}, {{"seed", "1"}, {"batch", "64"}}, {}});
   Training other;
   {
     torch::NoGradGuard no_grad;

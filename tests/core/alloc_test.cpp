@@ -10,6 +10,10 @@ namespace {
 std::atomic<long> g_allocations{0};
 }  // namespace
 
+// GCC sees free() on what operator new returned wherever it inlines both, and
+// warns; here operator new is malloc, so free is its match.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
 void* operator new(std::size_t n) {
   g_allocations.fetch_add(1, std::memory_order_relaxed);
   if (void* p = std::malloc(n ? n : 1)) return p;
