@@ -341,8 +341,8 @@ ClusterMachine enterMachine(int k) {
 // k (round robin when there are more processes than CPUs): processes of
 // different nodes then never share a core, as when each node of a host is
 // given its own CPUs (taskset, a launcher's CPU binding). Without it the
-// kernel places them, and on loopback it often puts two that wake each other
-// on one core for a while.
+// kernel places them (docs/benchmark.md: small steps across nodes are slower
+// then; why is not traced).
 bool g_pin = false;
 
 void pinTo(int k, int n) {
@@ -392,8 +392,8 @@ void runGlooGroup(int n, int threads, const std::function<void(int, GlooPeer&)>&
   peers.join(kPeerTimeout);
 }
 
-struct GlooStepTimes {
-  double total_ms, compute_ms, allreduce_ms, optimizer_ms;
+struct GlooStepTimes {  // rank 0's; the allreduce times are every rank's, apart
+  double total_ms, compute_ms, optimizer_ms;
 };
 
 // Trains `warmup + steps` steps DDP style. Rank 0's timings come back through a
@@ -439,7 +439,7 @@ Row runGloo(const ModelSpec& spec, const Data& data, const Config& cfg, int warm
       using Ms = std::chrono::duration<double, std::milli>;
       allreduce_of[rank * total_steps + s] = Ms(t2 - t1).count();
       if (rank == 0)
-        times[s] = {msSince(t0), Ms(t1 - t0).count(), Ms(t2 - t1).count(), msSince(t2)};
+        times[s] = {msSince(t0), Ms(t1 - t0).count(), msSince(t2)};
     }
   });
 
@@ -449,7 +449,7 @@ Row runGloo(const ModelSpec& spec, const Data& data, const Config& cfg, int warm
     last.push_back(lastArrival(allreduce_of + s, n, total_steps));
     total.push_back(times[s].total_ms);
     compute.push_back(times[s].compute_ms);
-    allreduce.push_back(times[s].allreduce_ms);
+    allreduce.push_back(allreduce_of[s]);  // rank 0's
     optimizer.push_back(times[s].optimizer_ms);
   }
   Row row = makeRow(spec, "gloo", n, peerThreads(cfg), steps);

@@ -74,8 +74,7 @@ void setLines(std::initializer_list<ArriveLine> lines, int workers) {
 
 void ParentChannel::prepareStart(std::initializer_list<ArriveLine> lines) {
   seq_ = command_seq_->load(std::memory_order_relaxed);
-  stopped_ = {};
-  last_look_ = Clock::now();
+  beginRound();
   for (int r = 0; r < workers(); ++r) {
     workers_[r].done_seq->store(seq_ - 1, std::memory_order_relaxed);  // "not arrived"
     prepareRestart(r);
@@ -92,6 +91,10 @@ void ParentChannel::command(std::initializer_list<ArriveLine> lines) {
   setLines(lines, workers());
   seq_ = command_seq_->fetch_add(1, std::memory_order_release) + 1;
   futexWakeAll(*command_seq_);
+  beginRound();
+}
+
+void ParentChannel::beginRound() noexcept {
   stopped_ = {};
   last_look_ = Clock::now();
 }

@@ -148,6 +148,8 @@ class ParentChannel {
                 std::chrono::milliseconds grace) noexcept;
 
  private:
+  // A command (or start-up) begins: no stop credited yet, looked just now.
+  void beginRound() noexcept;
   void checkAlive(const Awaited& what);
   // HostHooks::check_interrupt; stops the workers before letting its exception through.
   void checkInterrupt(const Awaited& what);

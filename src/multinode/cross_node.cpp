@@ -10,7 +10,6 @@
 #include <map>
 #include <set>
 #include <sstream>
-#include <tuple>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -80,32 +79,47 @@ std::string hostIdentity(int workers) {
   return fmt::format("{}\n{}\n{}", boot, cpus, workers);
 }
 
-// The nodes, and their workers, whose identity says they run on this node's cores.
-std::pair<int, int> nodesSharingCores(const std::vector<std::string>& ids, int me) {
-  auto parse = [](const std::string& id) {
-    std::istringstream in(id);
-    std::string boot, cpus;
-    int workers = 0;
-    std::getline(in, boot);
-    std::getline(in, cpus);
-    in >> workers;
-    std::set<int> set;
-    std::istringstream list(cpus);
-    for (int c; list >> c;) set.insert(c);
-    return std::make_tuple(boot, set, workers);
-  };
-  const auto [my_boot, my_cpus, my_workers] = parse(ids[me]);
-  int nodes = 0, total = 0;
-  for (const std::string& id : ids) {
-    const auto [boot, cpus, workers] = parse(id);
-    const bool overlap = std::any_of(cpus.begin(), cpus.end(),
-                                     [&, &mine = my_cpus](int c) { return mine.count(c) > 0; });
-    if (boot == my_boot && (overlap || cpus.empty() || my_cpus.empty())) {
-      ++nodes;
-      total += workers;
+struct HostIdentity {
+  std::string boot;
+  std::set<int> cpus;
+  int workers = 0;
+};
+
+HostIdentity parseHostIdentity(const std::string& id) {
+  HostIdentity h;
+  std::istringstream in(id);
+  std::string cpus;
+  std::getline(in, h.boot);
+  std::getline(in, cpus);
+  in >> h.workers;
+  std::istringstream list(cpus);
+  for (int c; list >> c;) h.cpus.insert(c);
+  return h;
+}
+
+// Where node `me` sits, from every node's hostIdentity(): its workers' offset
+// among all, and the nodes (with their workers) that run on its cores.
+Placement placementAmong(const std::vector<std::string>& ids, int me) {
+  Placement p;
+  p.node = me;
+  p.nodes = static_cast<int>(ids.size());
+  p.normalize = false;
+  p.host_nodes = 0;
+  const HostIdentity mine = parseHostIdentity(ids[static_cast<std::size_t>(me)]);
+  for (int r = 0; r < p.nodes; ++r) {
+    const HostIdentity other = parseHostIdentity(ids[static_cast<std::size_t>(r)]);
+    if (r < me) p.worker_offset += other.workers;
+    p.global_workers += other.workers;
+    const bool overlap = std::any_of(other.cpus.begin(), other.cpus.end(),
+                                     [&](int c) { return mine.cpus.count(c) > 0; });
+    if (other.boot == mine.boot && (overlap || other.cpus.empty() || mine.cpus.empty())) {
+      ++p.host_nodes;
+      p.host_workers += other.workers;
     }
   }
-  return {std::max(nodes, 1), std::max(total, my_workers)};
+  p.host_nodes = std::max(p.host_nodes, 1);
+  p.host_workers = std::max(p.host_workers, mine.workers);
+  return p;
 }
 
 // What this node says it starts from (NodeOptions' agreement fields), by field name.
@@ -179,17 +193,7 @@ CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBindin
   }
   requireAgreement(group_.exchange("agreement", encodeTextMap(agreementOf(options))),
                    group_.rank());
-  const auto ids = group_.exchange("host", hostIdentity(workers));
-  placement_.node = group_.rank();
-  placement_.nodes = group_.size();
-  placement_.normalize = false;
-  for (int r = 0; r < group_.size(); ++r) {
-    const int c = std::stoi(ids[r].substr(ids[r].rfind('\n') + 1));
-    if (r < group_.rank()) placement_.worker_offset += c;
-    placement_.global_workers += c;
-  }
-  std::tie(placement_.host_nodes, placement_.host_workers) =
-      nodesSharingCores(ids, group_.rank());
+  placement_ = placementAmong(group_.exchange("host", hostIdentity(workers)), group_.rank());
   // The same initial values everywhere: node 0's.
   for (TensorEntry& e : binding.params()) {
     at::Tensor v = viewAt(e, binding.paramRegion());
