@@ -34,8 +34,8 @@
 
 #include <gradagg/gradagg.h>
 
-#include "core/model_binding.h"
-#include "core/temp_dir.h"
+#include "model/model_binding.h"
+#include "runtime/temp_dir.h"
 #include "forked_peers.h"
 #include "gloo_peer.h"
 #include "kernels.h"

@@ -7,8 +7,8 @@
 #include <chrono>
 #include <functional>
 
-#include "core/process.h"
-#include "core/segment.h"
+#include "runtime/process.h"
+#include "runtime/segment.h"
 
 namespace gradagg::bench {
 

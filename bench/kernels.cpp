@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/reduce.h"  // gradagg/src: the library's reduction
+#include "step/flat.h"  // gradagg/src: the library's reduction
 
 namespace gradagg::bench {
 

@@ -3,7 +3,7 @@
 
 #include <cstddef>
 
-#include "core/reduce.h"
+#include "step/flat.h"
 
 namespace gradagg::bench {
 

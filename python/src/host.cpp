@@ -18,7 +18,7 @@
 
 #include <Python.h>
 
-#include "core/host_hooks.h"
+#include "runtime/host_hooks.h"
 
 namespace gradagg::python {
 

@@ -11,23 +11,27 @@
 //      not view); set `computed` to N + 1 and `reduced` to N; bump command_seq;
 //      wake (the control channel's command);
 //   2. compute: each worker loads the snapshot, runs the shard function and
-//      backward into its slot, and arrives on `computed`; the last to arrive
-//      (the closer) writes the step's weights and summary once for everyone;
+//      backward into its slot (step/slots.h), and arrives on `computed`; the
+//      last to arrive (the closer) writes the step's weights and summary once
+//      for everyone (step/reduce_scatter.h);
 //   3. reduce: then each worker sums its range of the flat gradient over all
 //      slots, in rank order, into the result, and arrives on `reduced`.
 //      The parent waits on `reduced` with a deadline, checking every slice that
-//      each worker is alive;
-//   4. second stage: across nodes the node parents combine their totals and
-//      results (src/multinode); on one node there is nothing to do;
+//      each worker is alive; with early buckets it sums those itself first and
+//      hands each to the stage as it is ready;
+//   4. second stage: the ReductionStage the topology gave (step/stage.h)
+//      combines the totals and the result with the other groups', if any;
 //   5. apply: the parameters' .grad move to the new result (or become undefined
 //      where no worker produced a gradient); buffers follow Options::buffers.
 // Nothing the user can see changes before step 5, so a failed step changes
 // nothing: not the parameters, not .grad, not the buffers. Every failure goes
-// through the control channel's policy (src/core/control.h): one that stops the
+// through the control channel's policy (runtime/control.h): one that stops the
 // workers names the worker and leaves the aggregator unusable.
 #include <gradagg/aggregator.h>
 
 #include <unistd.h>
+
+#include <optional>
 
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
@@ -36,29 +40,20 @@
 
 #include "aggregator/apply.h"
 #include "aggregator/worker.h"
-#include "core/buckets.h"
-#include "core/control.h"
-#include "core/layout.h"
-#include "core/model_binding.h"
-#include "core/process.h"
-#include "core/reduce.h"
-#include "core/segment.h"
-#include "core/stage.h"
-#include "multinode/cross_node.h"
+#include "model/model_binding.h"
+#include "runtime/control.h"
+#include "runtime/process.h"
+#include "runtime/segment.h"
+#include "step/layout.h"
+#include "step/reduce_scatter.h"
+#include "step/slots.h"
+#include "topology/topology.h"
 
 namespace gradagg {
 
 using namespace detail;
 
 namespace {
-std::vector<FlatTensor> flatParams(const ModelBinding& binding) {
-  std::vector<FlatTensor> flat;
-  for (const TensorEntry& p : binding.params())
-    flat.push_back(FlatTensor{p.offset, static_cast<std::uint64_t>(p.tensor.numel()),
-                              elementTypeOf(p.dtype), p.requires_grad});
-  return flat;
-}
-
 std::vector<WorkerWords> workerWords(const SegmentMap& map, int workers) {
   std::vector<WorkerWords> words;
   for (int r = 0; r < workers; ++r)
@@ -69,33 +64,34 @@ std::vector<WorkerWords> workerWords(const SegmentMap& map, int workers) {
 
 struct Aggregator::Impl {
   // Declaration order is destruction order reversed: workers go first, then the
-  // model gets its memory back, then the segment is unmapped.
+  // stage (its sender thread), then the model gets its memory back, then the
+  // segment is unmapped.
   Options options;
   ModelView model;
   ShardFn shard;
   Segment segment;
   ModelBinding binding;
+  Topology topology;  // where the workers sit, and the reduction's second stage
   SegmentMap map;
-  std::vector<FlatTensor> flat;                    // the parameters as the reduction sees them
-  BucketPlan buckets;                              // across nodes: how the gradient crosses
+  std::optional<ReduceScatter> early_sum;          // the parent's sums of early buckets
+  std::optional<SlotReader> slots;
   std::vector<ByteRange> ranges;                   // worker r reduces ranges[r]
   std::vector<const c10::TensorImpl*> param_list;  // model.parameters() at construction
-  std::unique_ptr<ReductionStage> stage;           // the second stage: LocalStage or CrossNode
   std::unique_ptr<Applier> apply;
   ProcessSet processes;
   ParentChannel channel;
   int saved_parent_threads = 0;  // to restore, when options.parent_threads > 0
-  int worker_threads = 1;        // intra-op threads per worker (the stage knows who shares the cores)
+  int worker_threads = 1;        // intra-op threads per worker (the topology knows who shares the cores)
 
   std::int64_t steps_done = 0;
-  // Early buckets were sent when a wait for the workers failed: the other nodes
-  // saw the step fail, so this one cannot redo it with fresh workers.
+  // Early buckets were sent when a wait for the workers failed: the other
+  // groups saw the step fail, so this one cannot redo it with fresh workers.
   bool peers_saw_failure = false;
-  std::vector<std::int64_t> early_samples;  // per worker, for the early buckets' weights
-  std::vector<double> early_weights;
-  std::vector<const std::byte*> slots;  // every slot's gradient area
+  std::vector<std::uint8_t> any_grad;  // per parameter, this step
   ResultPair results;
   StepReport report;
+
+  ReductionStage& stage() { return *topology.stage; }
 
   Impl(ModelView m, ShardFn fn, Options opts)
       : options((opts.validate(), std::move(opts))),
@@ -104,33 +100,35 @@ struct Aggregator::Impl {
         binding(model) {
     if (!shard) throw InvalidArgument("shard function: expected a callable, got an empty ShardFn");
     const int n = options.workers;
-    const Layout layout = Layout::plan(binding.sizes(n), pageBytes());
+    topology = joinTopology(options.nodes, options.buffers, binding, n);
+    LayoutSizes sizes;
+    sizes.workers = static_cast<std::uint32_t>(n);
+    sizes.param_count = static_cast<std::uint32_t>(binding.params().size());
+    sizes.buffer_count = static_cast<std::uint32_t>(binding.buffers().size());
+    sizes.param_bytes = binding.paramBytes();
+    sizes.buffer_bytes = binding.bufferBytes();
+    sizes.tail_bytes = stage().tailBytes();
+    const Layout layout = Layout::plan(sizes, pageBytes());
     segment = Segment::createAnonymous(layout.segment_bytes);
     initHeader(segment.base(), layout, pageBytes());
     map = SegmentMap{segment.base(), layout};
     binding.adopt(map.snapshotParams(), map.snapshotBuffers(), segment.base(),
                   segment.base() + segment.size());
-    flat = flatParams(binding);
-    if (options.nodes.nodes > 1)
-      buckets = planBuckets(binding, options.nodes.first_bucket_bytes, options.nodes.bucket_bytes,
-                            options.nodes.overlap);
-    ranges = splitRanges(buckets.tail(layout.sizes.param_bytes), n);
-    for (int r = 0; r < n; ++r) slots.push_back(map.slot(r));
-    early_samples.resize(n);
-    early_weights.resize(n);
+    stage().attach(map);
+    early_sum.emplace(map, flatParams(binding), weightRule());
+    slots.emplace(map);
+    ranges = splitRanges(stage().buckets().workerPart(layout.sizes.param_bytes), n);
+    any_grad.resize(binding.params().size());
     if (model.current_parameters)
       for (const auto& p : model.current_parameters())
         param_list.push_back(p.unsafeGetTensorImpl());
     report.workers.resize(n);
     apply = std::make_unique<Applier>(binding, map, options);
-    if (options.nodes.nodes > 1)  // refuses bf16 and fp16 parameters before its rendezvous
-      stage = std::make_unique<CrossNode>(options.nodes, options.buffers, binding, map, n, buckets);
-    else
-      stage = std::make_unique<LocalStage>(n);
     channel = ParentChannel(map.header().command_seq, workerWords(map, n), processes,
                             ChannelNames{"worker", "workers", Phase::kReducing});
-    worker_threads = options.resolvedThreadsPerWorker(stage->placement().host_workers);
-    channel.setOwnCore(parentHasOwnCore(stage->placement(), worker_threads, availableCores()));
+    const Placement& place = topology.placement;
+    worker_threads = options.resolvedThreadsPerWorker(place.host_workers);
+    channel.setOwnCore(parentHasOwnCore(place, worker_threads, availableCores()));
     startWorkers();
     if (options.parent_threads > 0) {
       saved_parent_threads = at::get_num_threads();
@@ -143,17 +141,22 @@ struct Aggregator::Impl {
     if (saved_parent_threads > 0) at::set_num_threads(saved_parent_threads);
   }
 
+  WeightRule weightRule() const {
+    WeightRule rule;
+    rule.equal = options.weighting == Weighting::kEqual;
+    rule.micro_steps = options.accumulation_steps;
+    rule.divided_later = topology.stage->dividesLater();
+    return rule;
+  }
+
   // Forks a fresh group of workers and waits until each has set up its replica.
   void startWorkers() {
     processes.killAll();
     processes.clear();
     const int n = options.workers;
     channel.prepareStart({{&map.header().reduced}});
-    for (int r = 0; r < n; ++r) {
-      WorkerControl& c = map.control(r);
-      c.status = static_cast<std::uint32_t>(SlotStatus::kOk);
-      c.message[0] = '\0';
-    }
+    slots->prepareStart();
+    const Placement& place = topology.placement;
     WorkerSetup s;
     s.threads = worker_threads;
     s.segment = &segment;
@@ -162,11 +165,11 @@ struct Aggregator::Impl {
     s.model = &model;
     s.shard = &shard;
     s.options = &options;
-    s.flat = &flat;
+    s.weights = weightRule();
     s.start_seq = channel.seq();
     s.parent = ::getpid();
-    s.placement = stage->placement();
-    s.buckets = &buckets;
+    s.ranks = WorkerRanks{place.worker_offset, place.global_workers, place.node, place.nodes};
+    s.buckets = &stage().buckets();
     for (int r = 0; r < n; ++r) {
       s.rank = r;
       s.range = ranges[r];
@@ -174,10 +177,10 @@ struct Aggregator::Impl {
     }
     channel.await(map.header().reduced, options.step_timeout, Awaited{});
     for (int r = 0; r < n; ++r) {
-      if (map.control(r).status != static_cast<std::uint32_t>(SlotStatus::kOk))
-        channel.fail<WorkerFailed>(
-            r, fmt::format("gradagg: worker {} failed to start: {}", r, map.control(r).message),
-            std::string(map.control(r).message));
+      if (slots->ok(r)) continue;
+      const std::string message = slots->message(r);
+      channel.fail<WorkerFailed>(
+          r, fmt::format("gradagg: worker {} failed to start: {}", r, message), message);
     }
     channel.started();
   }
@@ -229,7 +232,7 @@ struct Aggregator::Impl {
     h.training = !model.is_training || model.is_training() ? 1 : 0;
     h.result_index = static_cast<std::uint32_t>(results.fresh());
     h.command_ns = nowNs();
-    for (int b = 0; b < buckets.early(); ++b)
+    for (int b = 0; b < stage().buckets().early(); ++b)
       h.bucket_lines[b].store(static_cast<std::uint32_t>(options.workers), std::memory_order_relaxed);
     channel.command({{&h.computed, /*closed=*/true}, {&h.reduced}});
   }
@@ -238,7 +241,7 @@ struct Aggregator::Impl {
     StepTimes times;
     times.begin = Clock::now();
     verifyModel();
-    stage->beforeStep(steps_done);
+    stage().beforeStep(steps_done);
     times.command = Clock::now();  // all the workers' step lies after it
     command(Command::kStep);
     // The step's deadline counts from here, after command()'s wake-up system
@@ -254,74 +257,69 @@ struct Aggregator::Impl {
       throw;
     }
     times.reduced = Clock::now();
-    const LocalOutcome local = apply->collect();
+    const LocalOutcome local = slots->collect(any_grad);
     const auto stage_begin = Clock::now();
-    const StepTotals all = stage->reduce(local.totals, apply->flags(), results.fresh());
-    times.node_ms = millisSince(stage_begin);
+    const StepTotals all = stage().reduce(local.totals, any_grad, results.fresh());
+    times.stage_ms = millisSince(stage_begin);
     if (local.failed >= 0) throw workerFailed(local.failed);
-    if (all.failed)
-      throw NodeFailed(fmt::format("gradagg: a worker on another node failed in step {}; no "
-                                   "node applied the step (this is node {})",
-                                   steps_done, stage->placement().node),
-                       stage->placement().node);
+    if (all.failed) throw elsewhere("a worker on another node failed", "");
     if (all.non_finite) return skipOrRaise(local.non_finite, all, times);
     report.consecutive_skips = 0;
     report.skipped = false;
-    apply->gradients(results.fresh());
+    apply->gradients(results.fresh(), any_grad);
     results.flip();
+    if (options.buffers == BufferSync::kFromRank0) stage().shareFirstBuffers(map.slotBuffers(0));
     apply->buffers();
     apply->report(report, steps_done, all, times);
     ++steps_done;
     return report;
   }
 
-  // Early buckets (core/buckets.h), in order: once every worker has taken
-  // bucket b's line, sum it over the slots into the fresh result with the
-  // weights the workers' reduction would use, and hand it to the stage.
+  // Early buckets (step/buckets.h), in order: once every worker has taken
+  // bucket b's line, sum it over the slots into the fresh result and hand it
+  // to the stage.
   void sendEarlyBuckets(Clock::time_point since) {
-    const int early = buckets.early();
-    const int n = options.workers;
-    const bool equal = options.weighting == Weighting::kEqual;
+    const BucketPlan& buckets = stage().buckets();
     const int fresh = results.fresh();
-    for (int b = 0; b < early; ++b) {
+    for (int b = 0; b < buckets.early(); ++b) {
       channel.await(map.header().bucket_lines[b], options.step_timeout,
                     Awaited{"step", steps_done, "its early buckets"}, since);
-      if (b == 0) {
-        for (int r = 0; r < n; ++r) early_samples[r] = map.control(r).samples;
-        computeWeights(equal, early_samples.data(), n, early_weights.data(),
-                       stage->placement().normalize);
-        for (int r = 0; r < n; ++r)
-          early_weights[r] =
-              slotWeight(early_weights[r], equal, options.accumulation_steps, early_samples[r]);
-      }
-      reduceRange(flat, buckets.ranges[b], map.result(fresh), slots.data(), early_weights.data(),
-                  n);
-      stage->sendEarly(b, fresh, map.header().computed.load(std::memory_order_relaxed) > 0);
+      early_sum->reduceEarly(buckets.ranges[b], fresh, b == 0);
+      stage().sendEarly(b, fresh, map.header().computed.load(std::memory_order_relaxed) > 0);
     }
   }
 
   // A wait for the workers failed (one died or is late) after early buckets
-  // went: the other nodes are inside this step's collectives. Finish them with
-  // a failed status, so they refuse the step instead of waiting for buckets
-  // that will not come, and do not redo the step here with fresh workers.
+  // went: the other groups are inside this step's collectives. Finish them
+  // with a failed status, so they refuse the step instead of waiting for
+  // buckets that will not come, and do not redo the step here with fresh workers.
   void finishForPeers() noexcept {
-    if (stage->earlySent() == 0) return;
+    if (stage().earlySent() == 0) return;
     peers_saw_failure = true;
     StepTotals failed;
     failed.failed = true;
     try {
-      std::vector<std::uint8_t> none(binding.params().size(), 0);
-      stage->reduce(failed, none, results.fresh());
-    } catch (...) {  // the other nodes are gone too: the first error says more
+      std::fill(any_grad.begin(), any_grad.end(), 0);
+      stage().reduce(failed, any_grad, results.fresh());
+    } catch (...) {  // the other groups are gone too: the first error says more
     }
   }
 
   WorkerFailed workerFailed(int r) {
-    const WorkerControl& c = map.control(r);
-    const auto phase = static_cast<Phase>(c.failed_phase);
+    const Phase phase = slots->failedPhase(r);
+    const std::string message = slots->message(r);
     return WorkerFailed(fmt::format("gradagg: worker {} failed in phase '{}' of step {}: {}", r,
-                                    phaseName(phase), steps_done, c.message),
-                        r, phase, c.message);
+                                    phaseName(phase), steps_done, message),
+                        r, phase, message);
+  }
+
+  // What another node's workers did to this step: no node applied it.
+  NodeFailed elsewhere(const char* what, const std::string& why) const {
+    const int node = topology.placement.node;
+    return NodeFailed(fmt::format("gradagg: {} in step {}{}; no node applied the step (this is "
+                                  "node {})",
+                                  what, steps_done, why, node),
+                      node);
   }
 
   // A non-finite gradient in worker `r` (or, r < 0, on another node).
@@ -340,15 +338,10 @@ struct Aggregator::Impl {
         skip ? fmt::format("; {} consecutive steps were skipped already (max_consecutive_skips)",
                            report.consecutive_skips)
              : "";
-    const int node = stage->placement().node;
-    if (r < 0)
-      throw NodeFailed(fmt::format("gradagg: a non-finite gradient on another node in step {}{}; "
-                                   "no node applied the step (this is node {})",
-                                   steps_done, why, node),
-                       node);
-    const int k = map.control(r).bad_param;
+    if (r < 0) throw elsewhere("a non-finite gradient on another node", why);
+    const int k = slots->badParam(r);
     const std::string param = k >= 0 ? binding.params()[k].name : "";
-    const std::string message = map.control(r).message;
+    const std::string message = slots->message(r);
     throw NonFiniteGradient(
         fmt::format("gradagg: worker {} in step {}: {}{}", r, steps_done, message, why), r,
         Phase::kWritingSlot, message, param);

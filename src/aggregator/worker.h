@@ -8,14 +8,22 @@
 #include <gradagg/options.h>
 #include <gradagg/shard.h>
 
-#include "core/buckets.h"
-#include "core/layout.h"
-#include "core/model_binding.h"
-#include "core/reduce.h"
-#include "core/segment.h"
-#include "core/stage.h"
+#include "model/model_binding.h"
+#include "runtime/segment.h"
+#include "step/buckets.h"
+#include "step/flat.h"
+#include "step/layout.h"
+#include "step/weights.h"
 
 namespace gradagg::detail {
+
+// Where this worker's rank sits among all workers (ShardContext's fields).
+struct WorkerRanks {
+  int global_offset = 0;  // workers before this group's first
+  int global_workers = 0;
+  int node = 0;
+  int nodes = 1;
+};
 
 struct WorkerSetup {
   int rank = 0;
@@ -26,12 +34,12 @@ struct WorkerSetup {
   const ModelView* model = nullptr;  // the replica
   const ShardFn* shard = nullptr;
   const Options* options = nullptr;
-  const std::vector<FlatTensor>* flat = nullptr;  // the parameters as the reduction sees them
-  ByteRange range;                                // this worker's range of the flat gradient
-  std::uint32_t start_seq = 0;                    // command_seq when this worker was forked
+  WeightRule weights;             // the step's weighting, for the closer
+  ByteRange range;                // this worker's range of the flat gradient
+  std::uint32_t start_seq = 0;    // command_seq when this worker was forked
   pid_t parent = 0;
-  Placement placement;  // among every node's workers
-  const BucketPlan* buckets = nullptr;  // across nodes; early() > 0: take the bucket lines
+  WorkerRanks ranks;
+  const BucketPlan* buckets = nullptr;  // early() > 0: take the bucket lines
 };
 
 // Runs in the child (ProcessSet::spawn's fresh thread) and returns its exit status.

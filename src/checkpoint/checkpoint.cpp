@@ -19,8 +19,8 @@
 #include <torch/serialize/output-archive.h>
 
 #include "checkpoint/durable_file.h"
-#include "core/model_binding.h"
-#include "core/text_map.h"
+#include "model/model_binding.h"
+#include "runtime/text_map.h"
 
 namespace gradagg {
 

@@ -40,7 +40,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "core/layout.h"  // kAlign, alignUp, kMessageBytes
+#include "runtime/segment.h"  // kAlign, alignUp, kMessageBytes
 
 namespace gradagg::detail::pop {
 

@@ -28,8 +28,8 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
-#include "core/control.h"
-#include "core/test_seam.h"
+#include "runtime/control.h"
+#include "runtime/test_seam.h"
 #include "population/member.h"
 
 namespace gradagg::detail::pop {

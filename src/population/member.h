@@ -8,7 +8,7 @@
 
 #include <gradagg/population.h>
 
-#include "core/model_binding.h"
+#include "model/model_binding.h"
 #include "population/layout.h"
 
 namespace gradagg::detail::pop {

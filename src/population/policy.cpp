@@ -10,14 +10,13 @@
 
 #include <gradagg/population.h>
 
+#include "runtime/mix.h"
+
 namespace gradagg {
 
 namespace {
-std::uint64_t mix(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+using detail::kGoldenGamma;
+constexpr auto mix = detail::mix64;
 
 // Ranks sorted best first (ties: lower rank first).
 std::vector<int> bestFirst(const PolicyInput& in) {
@@ -38,14 +37,14 @@ int otherThan(int rank, int workers, DecisionRng& rng) {
 
 DecisionRng DecisionRng::derive(std::uint64_t seed, int rank, std::int64_t step,
                                 std::uint64_t stream) {
-  std::uint64_t s = mix(seed + 0x9e3779b97f4a7c15ULL);
+  std::uint64_t s = mix(seed + kGoldenGamma);
   s = mix(s ^ (static_cast<std::uint64_t>(rank) + 0x632be59bd9b4e019ULL));
-  s = mix(s ^ (static_cast<std::uint64_t>(step) * 0x9e3779b97f4a7c15ULL));
+  s = mix(s ^ (static_cast<std::uint64_t>(step) * kGoldenGamma));
   return DecisionRng(mix(s ^ (stream + 1)));
 }
 
 std::uint64_t DecisionRng::next() {
-  state_ += 0x9e3779b97f4a7c15ULL;
+  state_ += kGoldenGamma;
   return mix(state_);
 }
 

@@ -22,10 +22,10 @@
 #include <gradagg/checkpoint.h>
 
 #include "checkpoint/durable_file.h"
-#include "core/check.h"
-#include "core/control.h"
-#include "core/process.h"
-#include "core/segment.h"
+#include "runtime/check.h"
+#include "runtime/control.h"
+#include "runtime/process.h"
+#include "runtime/segment.h"
 #include "population/member.h"
 
 namespace gradagg {

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <functional>
 
-#include "core/check.h"
+#include "runtime/check.h"
 #include "population/layout.h"
 
 namespace gradagg::detail::pop {

@@ -2,7 +2,7 @@
 // slots in float, the result rounded once. Compared with float64 autograd on
 // the same (rounded) weights: gradagg's error is that of one process computing
 // in the same dtype, within the dtype's tolerance.
-#include "core/temp_dir.h"
+#include "runtime/temp_dir.h"
 #include "support/expect_throws.h"
 #include "support/support.h"
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <thread>
 
-#include "core/test_seam.h"
+#include "runtime/test_seam.h"
 #include "support/expect_throws.h"
 #include "support/support.h"
 

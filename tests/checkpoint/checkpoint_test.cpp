@@ -14,7 +14,7 @@
 #include <iterator>
 #include <random>
 
-#include "core/temp_dir.h"
+#include "runtime/temp_dir.h"
 #include "support/expect_throws.h"
 #include "support/support.h"
 

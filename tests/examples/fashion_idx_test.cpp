@@ -11,7 +11,7 @@
 
 #include "idx.h"
 
-#include "core/temp_dir.h"
+#include "runtime/temp_dir.h"
 #include "fashion_support.h"
 #include "support/expect_throws.h"
 

@@ -14,7 +14,7 @@
 #include "fashion_train.h"
 #include "idx.h"
 
-#include "core/temp_dir.h"
+#include "runtime/temp_dir.h"
 #include "fashion_support.h"
 #include "support/expect_throws.h"
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "core/temp_dir.h"
+#include "runtime/temp_dir.h"
 #include "support/support.h"
 
 namespace gradagg_test {

@@ -5,7 +5,7 @@
 // while buckets are in flight ends every node without a hang.
 #include "node_harness.h"
 
-#include "core/buckets.h"
+#include "step/buckets.h"
 
 namespace gradagg_test {
 namespace {
@@ -27,7 +27,7 @@ struct Mixed : torch::nn::Module {
 
 // The buckets tile the flat gradient from its end down, each in one dtype.
 void expectTiles(const BucketPlan& plan, const ModelBinding& binding) {
-  std::uint64_t end = binding.sizes(1).param_bytes;
+  std::uint64_t end = binding.paramBytes();
   for (int b = 0; b < plan.size(); ++b) {
     EXPECT_EQ(plan.ranges[b].end, end) << "bucket " << b;
     EXPECT_LT(plan.ranges[b].begin, plan.ranges[b].end) << "bucket " << b;
@@ -69,7 +69,7 @@ TEST(Buckets, ReverseRegistrationOrderOneDtypeEachClosedAtTheSize) {
   EXPECT_EQ(bucketOf(plan, binding, "fc1.bias"), 1) << "2040 B < 2100 B: still open";
   EXPECT_EQ(bucketOf(plan, binding, "fc1.weight"), 2);
   EXPECT_EQ(plan.early(), 2);
-  EXPECT_EQ(plan.tail(binding.sizes(1).param_bytes).begin, plan.ranges[2].begin);
+  EXPECT_EQ(plan.workerPart(binding.paramBytes()).begin, plan.ranges[2].begin);
   EXPECT_EQ(planBuckets(binding, 2100, 2100, false).early(), 0) << "overlap off";
   // DDP's small first bucket: fc2.bias alone (40 B >= 16 B), then the rest of float32.
   const BucketPlan first = planBuckets(binding, 16, 25ull << 20, true);
@@ -89,7 +89,7 @@ TEST(Buckets, AModelThatFitsOneBucketPerDtypeCrossesWhole) {
   EXPECT_TRUE(plan.whole());
   EXPECT_EQ(plan.size(), 2);
   EXPECT_EQ(plan.early(), 0);
-  EXPECT_EQ(plan.tail(binding.sizes(1).param_bytes).begin, 0u) << "the workers reduce it all";
+  EXPECT_EQ(plan.workerPart(binding.paramBytes()).begin, 0u) << "the workers reduce it all";
 }
 
 TEST(Buckets, TooManyBucketsGrowUntilTheHeaderHasALineForEach) {

@@ -12,8 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/temp_dir.h"
-#include "core/test_seam.h"
+#include "runtime/temp_dir.h"
+#include "runtime/test_seam.h"
 #include "support/expect_throws.h"
 #include "support/support.h"
 

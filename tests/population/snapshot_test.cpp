@@ -9,8 +9,8 @@
 #include <functional>
 #include <vector>
 
-#include "core/process.h"
-#include "core/segment.h"
+#include "runtime/process.h"
+#include "runtime/segment.h"
 #include "population/layout.h"
 #include "support/support.h"
 

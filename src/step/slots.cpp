@@ -1,0 +1,169 @@
+#include "step/slots.h"
+
+#include <cmath>
+#include <cstring>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+namespace gradagg::detail {
+
+SlotWriter::SlotWriter(const SegmentMap& map, int rank)
+    : map_(map),
+      rank_(rank),
+      control_(map.control(rank)),
+      gradient_(map.slot(rank)),
+      flags_(map.slotFlags(rank)) {}
+
+void SlotWriter::bind(ModelBinding& binding) {
+  binding_ = &binding;
+  flat_ = flatParams(binding);
+  auto& params = binding.params();
+  grad_views_.reserve(params.size());
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    TensorEntry& p = params[k];
+    grad_views_.push_back(viewAt(p, gradient_));
+    if (!p.requires_grad) continue;
+    p.tensor.mutable_grad() = grad_views_[k];
+    std::uint8_t* flag = flags_ + k;
+    p.tensor.register_hook([flag](const at::Tensor&) { *flag = 1; });
+  }
+}
+
+void SlotWriter::begin() {
+  control_.status = static_cast<std::uint32_t>(SlotStatus::kOk);
+  control_.message[0] = '\0';
+  control_.bad_param = -1;
+  const double wake_ms = control_.times.wake_ms;
+  control_.times = PhaseTimes{};
+  control_.times.wake_ms = wake_ms;
+  std::memset(gradient_, 0, map_.layout.sizes.param_bytes);
+  std::memset(flags_, 0, map_.layout.sizes.param_count);
+  auto& params = binding_->params();
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    TensorEntry& p = params[k];
+    if (p.requires_grad && !p.tensor.grad().is_same(grad_views_[k]))
+      p.tensor.mutable_grad() = grad_views_[k];
+  }
+}
+
+void SlotWriter::write(std::int64_t samples, double loss) {
+  auto& params = binding_->params();
+  at::NoGradGuard no_grad;
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    TensorEntry& p = params[k];
+    const at::Tensor& t = p.tensor;
+    if (t.data_ptr() != binding_->paramRegion() + p.offset || !t.sizes().equals(p.sizes) ||
+        t.scalar_type() != p.dtype) {
+      const std::string now = describeTensor(t);
+      t.set_data(viewAt(p, binding_->paramRegion()));  // undo it for the next step
+      throw InvalidArgument(fmt::format(
+          "parameter '{}' was replaced in the worker's replica (now {} in other memory, the "
+          "snapshot holds {}); the shard function must not replace parameters",
+          p.name, now, describeShape(p.sizes, p.dtype)));
+    }
+    if (!p.requires_grad) continue;
+    const at::Tensor& g = t.grad();
+    if (!g.defined() || g.is_same(grad_views_[k])) continue;
+    // The shard function reset or replaced .grad: copy what autograd left.
+    if (!g.sizes().equals(p.sizes) || g.scalar_type() != p.dtype || !g.is_cpu())
+      throw InvalidArgument(fmt::format("parameter '{}': gradient is {}, expected {}", p.name,
+                                        describeTensor(g), describeShape(p.sizes, p.dtype)));
+    grad_views_[k].copy_(g.is_sparse() ? g.to_dense() : g);
+    flags_[k] = 1;
+    p.tensor.mutable_grad() = grad_views_[k];
+  }
+  std::byte* slot_buffers = map_.slotBuffers(rank_);
+  for (TensorEntry& b : binding_->buffers()) viewAt(b, slot_buffers).copy_(b.tensor);
+  control_.samples = samples;
+  control_.loss = loss;
+  checkFinite();
+}
+
+void SlotWriter::checkFinite() {
+  for (std::size_t k = 0; k < flat_.size(); ++k) {
+    if (flags_[k] == 0 || allFinite(flat_[k].type, gradient_ + flat_[k].offset, flat_[k].count))
+      continue;
+    control_.bad_param = static_cast<std::int32_t>(k);
+    const std::string& name = binding_->params()[k].name;
+    throw NonFiniteGradient(
+        fmt::format("parameter '{}' has a non-finite gradient (loss {})", name, control_.loss),
+        rank_, Phase::kWritingSlot, "", name);
+  }
+  if (!std::isfinite(control_.loss))
+    throw NonFiniteGradient(fmt::format("the loss is {}", control_.loss), rank_,
+                            Phase::kWritingSlot, "", "");
+}
+
+void SlotWriter::failed() noexcept {
+  control_.failed_phase = control_.phase.load(std::memory_order_relaxed);
+  SlotStatus status = SlotStatus::kFailed;
+  std::string what;
+  try {
+    throw;
+  } catch (const NonFiniteGradient& e) {
+    status = SlotStatus::kNonFinite;
+    what = e.what();
+  } catch (const c10::Error& e) {
+    what = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+    what = "unknown exception (not derived from std::exception)";
+  }
+  control_.status = static_cast<std::uint32_t>(status);
+  const std::size_t n = std::min(what.size(), kMessageBytes - 1);
+  std::memcpy(control_.message, what.data(), n);
+  control_.message[n] = '\0';
+}
+
+// ---- parent -----------------------------------------------------------------
+
+SlotReader::SlotReader(const SegmentMap& map) : map_(map), workers_(map.workers()) {}
+
+void SlotReader::prepareStart() {
+  for (int r = 0; r < workers_; ++r) {
+    WorkerControl& c = map_.control(r);
+    c.status = static_cast<std::uint32_t>(SlotStatus::kOk);
+    c.message[0] = '\0';
+  }
+}
+
+LocalOutcome SlotReader::collect(std::vector<std::uint8_t>& any_grad) const {
+  LocalOutcome out;
+  for (int r = workers_ - 1; r >= 0; --r) {
+    if (status(r) == SlotStatus::kFailed) out.failed = r;
+    if (status(r) == SlotStatus::kNonFinite) out.non_finite = r;
+  }
+  StepTotals& t = out.totals;
+  t.failed = out.failed >= 0;
+  t.non_finite = out.non_finite >= 0;
+  t.weight_total = map_.header().weight_total;
+  const SlotWeight* weights = map_.weights();
+  for (int r = 0; r < workers_; ++r) {
+    const WorkerControl& c = map_.control(r);
+    t.loss += weights[r].weight * c.loss;
+    t.samples += c.samples;
+  }
+  for (std::size_t k = 0; k < any_grad.size(); ++k) {
+    bool any = false;
+    for (int r = 0; r < workers_ && !any; ++r) any = map_.slotFlags(r)[k] != 0;
+    any_grad[k] = any ? 1 : 0;
+  }
+  return out;
+}
+
+std::string SlotReader::message(int r) const {
+  const char* m = map_.control(r).message;
+  return std::string(m, ::strnlen(m, kMessageBytes));
+}
+
+WorkerReport SlotReader::report(int r) const {
+  const WorkerControl& c = map_.control(r);
+  const PhaseTimes& t = c.times;
+  return WorkerReport{c.loss,        c.samples,  t.wake_ms,    t.load_ms,  t.shard_ms,
+                      t.backward_ms, t.write_ms, t.barrier_ms, t.reduce_ms};
+}
+
+}  // namespace gradagg::detail

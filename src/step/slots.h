@@ -1,0 +1,112 @@
+// A worker's slot and control block, and the only two classes that touch them:
+// the worker writes its own through a SlotWriter, the parent reads them all
+// through a SlotReader (step/layout.h says what lies where and when).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include <gradagg/errors.h>
+#include <gradagg/step_report.h>
+
+#include "model/model_binding.h"
+#include "step/flat.h"
+#include "step/layout.h"
+
+namespace gradagg::detail {
+
+// A step's outcome: this group's after its workers reduced; everyone's after
+// the reduction stage (step/stage.h).
+struct StepTotals {
+  bool failed = false;      // a worker failed (after the stage: anywhere)
+  bool non_finite = false;  // a gradient or loss was NaN or infinite (idem)
+  double weight_total = 0;  // D: the samples, or one per worker with equal weighting
+  // sum_i w_i loss_i with the step's weights (step/weights.h): the mean loss,
+  // or, where the stage divides later, sum_i n_i loss_i until it has.
+  double loss = 0;
+  std::int64_t samples = 0;
+  // After the stage: the bytes this process contributed to the stage's
+  // collectives, how many carried the step, and how many of them started
+  // while the workers computed (all 0 when there is nothing to combine).
+  std::uint64_t wire_bytes = 0;
+  int collectives = 0;
+  int overlapped = 0;
+};
+
+// What the workers left after they arrived on `reduced`.
+struct LocalOutcome {
+  int failed = -1;      // the first rank whose status is kFailed, or -1
+  int non_finite = -1;  // the first rank whose status is kNonFinite, or -1
+  StepTotals totals;
+};
+
+// Worker `rank`'s side: its gradient area (where .grad points), its has-grad
+// flags, its buffers and its WorkerControl.
+class SlotWriter {
+ public:
+  SlotWriter(const SegmentMap& map, int rank);
+
+  // Once, at set-up: every trainable parameter's .grad becomes a view of this
+  // slot, and a hook on it flags that it received a gradient.
+  void bind(ModelBinding& binding);
+  // Each step, before the shard function: status ok, no message, phase times
+  // zero, the gradient area and flags zeroed, any .grad the shard function
+  // moved last step pointed back at the slot.
+  void begin();
+  // Parameter k's view in the slot.
+  const at::Tensor& gradView(std::size_t k) const { return grad_views_[k]; }
+  // With early buckets: the samples, before the first bucket line is taken.
+  void setSamples(std::int64_t samples) { control_.samples = samples; }
+  // After backward: checks that no parameter was replaced, copies a gradient
+  // the shard function moved elsewhere, writes the buffers, samples and loss.
+  // Throws InvalidArgument or NonFiniteGradient (naming the parameter).
+  void write(std::int64_t samples, double loss);
+  // The exception being handled becomes this step's failure: kNonFinite for a
+  // NonFiniteGradient, otherwise kFailed, with its message and the phase.
+  void failed() noexcept;
+
+  PhaseTimes& times() { return control_.times; }
+  void setPid(std::int32_t pid) { control_.pid = pid; }
+
+ private:
+  void checkFinite();
+
+  SegmentMap map_;
+  int rank_;
+  WorkerControl& control_;
+  std::byte* gradient_;
+  std::uint8_t* flags_;
+  ModelBinding* binding_ = nullptr;
+  std::vector<FlatTensor> flat_;
+  std::vector<at::Tensor> grad_views_;
+};
+
+// The parent's side: every worker's slot and control block, read after the
+// workers arrived (or died).
+class SlotReader {
+ public:
+  explicit SlotReader(const SegmentMap& map);
+
+  // Before the parent forks a group: every status ok, no message.
+  void prepareStart();
+  // Statuses, totals (with the closer's weights) and, per parameter, whether
+  // one of the workers produced a gradient (`any_grad`).
+  LocalOutcome collect(std::vector<std::uint8_t>& any_grad) const;
+
+  bool ok(int r) const { return status(r) == SlotStatus::kOk; }
+  SlotStatus status(int r) const { return static_cast<SlotStatus>(map_.control(r).status); }
+  Phase failedPhase(int r) const { return static_cast<Phase>(map_.control(r).failed_phase); }
+  std::string message(int r) const;
+  int badParam(int r) const { return map_.control(r).bad_param; }
+  std::int64_t samples(int r) const { return map_.control(r).samples; }
+  WorkerReport report(int r) const;
+
+ private:
+  SegmentMap map_;
+  int workers_;
+};
+
+}  // namespace gradagg::detail

@@ -1,0 +1,223 @@
+#include "topology/cross_node.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <gradagg/errors.h>
+
+#include "topology/rendezvous.h"
+#include "topology/status_tail.h"
+
+namespace gradagg::detail {
+
+namespace {
+std::uint64_t fnv1a(const std::byte* p, std::size_t n, std::uint64_t h) {
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ static_cast<std::uint8_t>(p[i])) * 1099511628211ull;
+  return h;
+}
+}  // namespace
+
+CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBinding& binding,
+                     int workers)
+    : group_((requireWideDtypes(binding), options)),
+      binding_(binding),
+      plan_(planBuckets(binding, options.first_bucket_bytes, options.bucket_bytes,
+                        options.overlap)),
+      compression_(options.compression),
+      checksum_interval_(options.checksum_interval),
+      gather_buffers_(buffers == BufferSync::kFromRank0),
+      placement_(rendezvous(group_, options, binding, workers)) {}
+
+std::uint64_t CrossNode::tailBytes() const { return statusBytes(binding_.params().size()); }
+
+void CrossNode::attach(const SegmentMap& segment) {
+  segment_ = segment;
+  broadcastInitialValues(group_, binding_);
+  // The pieces that cross, each bound once per result region. With one bucket
+  // per dtype run (BucketPlan::whole) they go in offset order and the status
+  // rides at the end of the last (adjacent to it): one collective per run.
+  // Otherwise the buckets go in their crossing order and the status alone
+  // after them; likewise with compression, so the status stays exact.
+  const std::uint64_t param_bytes = segment_.layout.sizes.param_bytes;
+  std::vector<std::pair<ByteRange, c10::ScalarType>> units;
+  for (int b = 0; b < plan_.size(); ++b) units.emplace_back(plan_.ranges[b], plan_.dtypes[b]);
+  if (plan_.whole()) std::reverse(units.begin(), units.end());
+  status_dtype_ = plan_.size() > 0 ? plan_.dtypes.front() : c10::ScalarType::Double;
+  const std::uint64_t status_end =
+      param_bytes + c10::elementSize(status_dtype_) * (kStatusFields + binding_.params().size());
+  const bool status_rides = compression_ == Compression::kNone && plan_.whole();
+  if (units.empty() || !status_rides)
+    units.emplace_back(ByteRange{param_bytes, param_bytes}, status_dtype_);
+  units.back().first.end = status_end;  // the status: riding, or on its own
+  for (std::size_t u = 0; u < units.size(); ++u)
+    pieces_.push_back(bindPiece(units[u].first, units[u].second, u + 1 == units.size()));
+  group_.endRendezvous();
+}
+
+CrossNode::Piece CrossNode::bindPiece(ByteRange range, c10::ScalarType dtype, bool status) {
+  const auto count = static_cast<std::int64_t>((range.end - range.begin) / c10::elementSize(dtype));
+  Piece piece;
+  for (int i = 0; i < 2; ++i)
+    piece.view[i] = at::from_blob(segment_.result(i) + range.begin, {count},
+                                  at::TensorOptions().dtype(dtype));
+  if (compression_ == Compression::kBFloat16 && dtype == at::kFloat && !status) {
+    piece.wire = at::empty({count}, at::kBFloat16);
+    const int handle = group_.bindSum(piece.wire);
+    for (int i = 0; i < 2; ++i) piece.sum[i] = {handle};
+    wire_bytes_ += piece.wire.nbytes();
+  } else {
+    for (int i = 0; i < 2; ++i) piece.sum[i] = {group_.bindSum(piece.view[i])};
+    wire_bytes_ += range.end - range.begin;
+  }
+  return piece;
+}
+
+void CrossNode::beforeStep(std::int64_t step) {
+  if (checksum_interval_ > 0 && step > 0 && step % checksum_interval_ == 0) checkParameters(step);
+}
+
+StepTotals CrossNode::reduce(const StepTotals& local, std::vector<std::uint8_t>& any_grad,
+                             int result) {
+  std::byte* status = segment_.tail(result);
+  const bool wide = status_dtype_ == c10::ScalarType::Double;
+  if (wide)
+    writeStatus<double>(status, local, any_grad);
+  else
+    writeStatus<float>(status, local, any_grad);
+  // A node whose workers failed sends whatever its result holds: every node
+  // then sees the failure in the status and discards the sums.
+  const int overlapped = overlapped_;
+  const int sent = awaitSent();
+  for (std::size_t i = static_cast<std::size_t>(sent); i < pieces_.size(); ++i)
+    send(pieces_[i], result);
+  const StepTotals all =
+      wide ? readStatus<double>(status, any_grad) : readStatus<float>(status, any_grad);
+  StepTotals out = all;
+  out.wire_bytes = wire_bytes_;
+  out.collectives = static_cast<int>(pieces_.size());
+  out.overlapped = overlapped;
+  if (all.failed || all.non_finite) return out;
+  divide(result, any_grad, all.weight_total);
+  return out;
+}
+
+void CrossNode::send(Piece& piece, int result) {
+  if (piece.wire.defined()) piece.wire.copy_(piece.view[result]);  // rounded to bf16
+  group_.allreduceBound(piece.sum[result], "the cross-node allreduce of the step");
+  if (piece.wire.defined()) piece.view[result].copy_(piece.wire);  // exact
+}
+
+CrossNode::~CrossNode() {
+  if (!sender_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  sender_.join();
+}
+
+void CrossNode::sendEarly(int bucket, int result, bool overlapped) {
+  // Started with the first bucket, not with the stage: the stage is built
+  // before the workers are forked, and a thread being born during fork() can
+  // leave a lock of the allocator held in the child for ever (seen under ASan:
+  // a worker that never left 'starting'). Idle on its condition variable, it
+  // holds none when a worker is forked again.
+  if (!sender_.joinable()) sender_ = std::thread([this] { sendLoop(); });
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back({bucket, result});
+    ++queued_;
+    overlapped_ += overlapped ? 1 : 0;
+  }
+  wake_.notify_all();
+}
+
+// The sender thread: early buckets, in the order they were queued. After a
+// failure it only counts them off (the step is lost; reduce() reports why).
+void CrossNode::sendLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping
+    const auto [bucket, result] = queue_.front();
+    queue_.pop_front();
+    const bool skip = error_ != nullptr;
+    lock.unlock();
+    std::exception_ptr error;
+    if (!skip) {
+      try {
+        send(pieces_[static_cast<std::size_t>(bucket)], result);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    lock.lock();
+    if (error) error_ = error;
+    ++done_;
+    wake_.notify_all();
+  }
+}
+
+int CrossNode::awaitSent() {
+  if (plan_.early() == 0) return 0;
+  std::unique_lock<std::mutex> lock(mutex_);
+  wake_.wait(lock, [&] { return done_ == queued_; });
+  const int sent = queued_;
+  queued_ = done_ = overlapped_ = 0;
+  if (error_) {
+    const std::exception_ptr error = error_;
+    error_ = nullptr;
+    std::rethrow_exception(error);
+  }
+  return sent;
+}
+
+int CrossNode::earlySent() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return queued_;
+}
+
+void CrossNode::divide(int result, const std::vector<std::uint8_t>& any_grad, double total) {
+  std::byte* out = segment_.result(result);
+  const auto& params = binding_.params();
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    if (!any_grad[k]) continue;
+    scaleInPlace(elementTypeOf(params[k].dtype), out + params[k].offset,
+                 static_cast<std::size_t>(params[k].tensor.numel()), 1.0 / total);
+  }
+}
+
+void CrossNode::shareFirstBuffers(std::byte* buffers) {
+  if (!gather_buffers_) return;
+  if (first_buffers_.empty() || first_buffers_base_ != buffers) {
+    first_buffers_.clear();
+    for (const TensorEntry& e : binding_.buffers()) first_buffers_.push_back(viewAt(e, buffers));
+    first_buffers_base_ = buffers;
+  }
+  for (at::Tensor& b : first_buffers_) {
+    if (group_.rank() != 0) std::memset(b.data_ptr(), 0, b.nbytes());
+    group_.allreduceSum(b, "the cross-node buffer allreduce");
+  }
+}
+
+void CrossNode::checkParameters(std::int64_t step) {
+  std::uint64_t h = 14695981039346656037ull;
+  h = fnv1a(binding_.paramRegion(), segment_.layout.sizes.param_bytes, h);
+  const auto sums = group_.allgather(static_cast<std::int64_t>(h), "the parameter checksum");
+  std::vector<int> differ;
+  for (int r = 0; r < group_.size(); ++r)
+    if (sums[r] != sums[0]) differ.push_back(r);
+  if (!differ.empty())
+    throw NodeFailed(fmt::format("gradagg: before step {} the parameters of node(s) {} differ "
+                                 "from node 0's (checksums); the nodes diverged",
+                                 step, fmt::join(differ, ", ")),
+                     group_.rank());
+}
+
+}  // namespace gradagg::detail
