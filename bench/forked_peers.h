@@ -1,5 +1,5 @@
 // Forked peer processes for the bench's gloo configurations: children that each
-// run one function and exit, on the library's process owner (src/core/process.h:
+// run one function and exit, on the library's process owner (src/runtime/process.h:
 // fresh thread, PR_SET_PDEATHSIG, killed and reaped by the destructor). Results
 // come back through a shared anonymous mapping, the library's Segment.
 #pragma once

@@ -39,6 +39,12 @@ double percentile90(std::vector<double> v) {
   return v[std::max<std::size_t>(rank, 1) - 1];
 }
 
+double lastArrival(const double* values, int n, int stride) {
+  double least = values[0];
+  for (int k = 1; k < n; ++k) least = std::min(least, values[k * stride]);
+  return least;
+}
+
 std::string toJsonLine(const Row& r, const Machine& m) {
   nlohmann::ordered_json j;
   j["model"] = r.model;

@@ -21,6 +21,10 @@ Machine probeMachine(const std::string& libtorch_version);
 // Median and 90th percentile (nearest rank) of a non-empty sample.
 double median(std::vector<double> v);
 double percentile90(std::vector<double> v);
+// One step's collective as the process that reached it last saw it: the least
+// of the n processes' times (values[k * stride]). The others also waited there
+// for the slower one's compute; the last one waited for the collective alone.
+double lastArrival(const double* values, int n, int stride);
 
 struct Row {
   std::string model;  // layer list, e.g. "784-64-64-10"

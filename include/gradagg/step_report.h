@@ -31,7 +31,7 @@ struct StepReport {
                                  // with NodeOptions::compression = kBFloat16)
   int node_collectives = 0;   // across nodes: the allreduces the gradient and status crossed in
   int node_overlapped = 0;    // of them, buckets started while this node's workers were still
-                              // computing (NodeOptions::overlap; core/buckets.h)
+                              // computing (NodeOptions::overlap; src/step/buckets.h)
   double apply_ms = 0;        // parent: pointing .grad at the result, buffers, this report
   double total_ms = 0;        // the whole step() call
   bool skipped = false;       // NonFinitePolicy::kSkipStep skipped this step

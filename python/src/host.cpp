@@ -6,7 +6,7 @@
 //           PyOS_AfterFork_Parent, give the GIL back;
 //   child:  PyOS_AfterFork_Child first (this thread owns the GIL, the other
 //           Python threads are gone, the "child" handlers run), then release
-//           the GIL: the worker runs on a fresh thread (core/process.cpp) that
+//           the GIL: the worker runs on a fresh thread (runtime/process.cpp) that
 //           takes it only to call the shard function and the train/eval switch;
 //           before _exit, flush sys.stdout and sys.stderr once (what the worker
 //           printed). _exit: the parent's atexit handlers never run in a worker.

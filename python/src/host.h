@@ -1,4 +1,4 @@
-// Python's side of gradagg's forks and waits (core/host_hooks.h): the GIL,
+// Python's side of gradagg's forks and waits (runtime/host_hooks.h): the GIL,
 // os.register_at_fork handlers, sys.stdout's buffer, Ctrl-C.
 #pragma once
 

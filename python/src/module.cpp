@@ -2,11 +2,10 @@
 // own: a Python torch.nn.Module as a ModelView, a Python shard function as a
 // ShardFn (its exceptions become the worker's message, traceback included),
 // the GIL released for every wait, and options with Python's types (seconds,
-// strings for the enums). gradagg/__init__.py adds keyword arguments and the
-// context manager on top.
+// strings for the enums: options.cpp). gradagg/__init__.py adds keyword
+// arguments and the context manager on top.
 #include <mutex>
 
-#include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -18,6 +17,7 @@
 
 #include "errors.h"
 #include "host.h"
+#include "options.h"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -55,7 +55,7 @@ class GilHeld {
 };
 using PyRef = GilHeld<py::object>;
 
-// A worker's own thread (core/process.cpp) has no Python thread state: give it
+// A worker's own thread (runtime/process.cpp) has no Python thread state: give it
 // one for its whole life, so each step's GIL acquisition does not create and
 // destroy one.
 void ensureThreadState() {
@@ -214,43 +214,6 @@ ShardFn shardOfPython(py::object fn) {
   };
 }
 
-template <class E>
-E enumOf(const std::string& value, const char* field,
-         std::initializer_list<std::pair<const char*, E>> names) {
-  std::string expected;
-  for (const auto& [name, e] : names) {
-    if (value == name) return e;
-    expected += fmt::format("{}'{}'", expected.empty() ? "" : ", ", name);
-  }
-  throw InvalidArgument(fmt::format("{}: expected one of {}, got '{}'", field, expected, value));
-}
-
-template <class E>
-std::string nameOf(E e, std::initializer_list<std::pair<const char*, E>> names) {
-  for (const auto& [name, v] : names)
-    if (v == e) return name;
-  return "?";
-}
-
-const std::initializer_list<std::pair<const char*, Weighting>> kWeightings = {
-    {"samples", Weighting::kBySamples}, {"equal", Weighting::kEqual}};
-const std::initializer_list<std::pair<const char*, BufferSync>> kBufferSyncs = {
-    {"rank0", BufferSync::kFromRank0},
-    {"mean", BufferSync::kMean},
-    {"keep", BufferSync::kKeepParent}};
-const std::initializer_list<std::pair<const char*, NonFinitePolicy>> kNonFinite = {
-    {"raise", NonFinitePolicy::kRaise}, {"skip", NonFinitePolicy::kSkipStep}};
-const std::initializer_list<std::pair<const char*, Compression>> kCompressions = {
-    {"none", Compression::kNone}, {"bf16", Compression::kBFloat16}};
-
-using Seconds = std::chrono::duration<double>;
-std::chrono::milliseconds millis(double seconds, const char* field) {
-  if (!(seconds > 0) || seconds > 1e9)
-    throw InvalidArgument(fmt::format("{}: expected seconds > 0, got {}", field, seconds));
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Seconds(seconds));
-}
-double seconds(std::chrono::milliseconds ms) { return Seconds(ms).count(); }
-
 // The Python side of one Aggregator: owns it, releases the GIL around it.
 class PyAggregator {
  public:
@@ -288,108 +251,7 @@ class PyAggregator {
   std::mutex mutex_;  // one step() or close() at a time
 };
 
-void bindOptions(py::module_& m) {
-  py::class_<NodeOptions>(m, "NodeOptions",
-                          "Several machines: see gradagg::NodeOptions (docs/multinode.md).")
-      .def(py::init([](int nodes, int node_rank, std::string master_addr, int master_port,
-                       std::string store_path, std::string interface, double timeout,
-                       int checksum_interval, std::int64_t start_step,
-                       std::string resume_identity,
-                       std::map<std::string, std::string> must_match) {
-             NodeOptions o;
-             o.nodes = nodes;
-             o.node_rank = node_rank;
-             o.master_addr = std::move(master_addr);
-             o.master_port = master_port;
-             o.store_path = std::move(store_path);
-             o.interface = std::move(interface);
-             o.timeout = millis(timeout, "nodes.timeout");
-             o.checksum_interval = checksum_interval;
-             o.start_step = start_step;
-             o.resume_identity = std::move(resume_identity);
-             o.must_match = std::move(must_match);
-             return o;
-           }),
-           py::kw_only(), "nodes"_a = 1, "node_rank"_a = 0, "master_addr"_a = "127.0.0.1",
-           "master_port"_a = 29500, "store_path"_a = "", "interface"_a = "", "timeout"_a = 60.0,
-           "checksum_interval"_a = 100, "start_step"_a = 0, "resume_identity"_a = "",
-           "must_match"_a = std::map<std::string, std::string>{})
-      .def_static(
-          "from_environment", [] { return NodeOptions::fromEnvironment(); },
-          "The defaults overridden by GRADAGG_NNODES, GRADAGG_NODE_RANK, MASTER_ADDR, "
-          "MASTER_PORT, GRADAGG_STORE_PATH, GRADAGG_SOCKET_IFNAME, GRADAGG_NODE_TIMEOUT_MS, "
-          "GRADAGG_CHECKSUM_INTERVAL.")
-      .def_readwrite("nodes", &NodeOptions::nodes)
-      .def_readwrite("node_rank", &NodeOptions::node_rank)
-      .def_readwrite("master_addr", &NodeOptions::master_addr)
-      .def_readwrite("master_port", &NodeOptions::master_port)
-      .def_readwrite("store_path", &NodeOptions::store_path)
-      .def_readwrite("external_store", &NodeOptions::external_store,
-                     "the TCPStore is served by a launcher (torchrun's agent): node 0 connects too")
-      .def_readwrite("store_prefix", &NodeOptions::store_prefix)
-      .def_readwrite("interface", &NodeOptions::interface)
-      .def_property(
-          "timeout", [](const NodeOptions& o) { return seconds(o.timeout); },
-          [](NodeOptions& o, double s) { o.timeout = millis(s, "nodes.timeout"); })
-      .def_readwrite("checksum_interval", &NodeOptions::checksum_interval)
-      .def_readwrite("start_step", &NodeOptions::start_step,
-                     "steps done before this run; every node must say the same")
-      .def_readwrite("resume_identity", &NodeOptions::resume_identity,
-                     "'' for a fresh start, else the identity of the checkpoint resumed from")
-      .def_readwrite("must_match", &NodeOptions::must_match,
-                     "settings (str -> str) every node must share, compared at the rendezvous")
-      .def_property(
-          "compression", [](const NodeOptions& o) { return nameOf(o.compression, kCompressions); },
-          [](NodeOptions& o, const std::string& v) {
-            o.compression = enumOf(v, "NodeOptions.compression", kCompressions);
-          },
-          "'bf16': float32 gradients cross the nodes as bf16 (off: 'none')")
-      .def_readwrite("bucket_bytes", &NodeOptions::bucket_bytes,
-                     "buckets the gradient crosses the nodes in (DDP's bucket_cap_mb)")
-      .def_readwrite("first_bucket_bytes", &NodeOptions::first_bucket_bytes,
-                     "the first bucket of each dtype (DDP's 1 MiB)")
-      .def_readwrite("overlap", &NodeOptions::overlap,
-                     "buckets start across the nodes while backward goes on")
-      .def("__repr__", [](const NodeOptions& o) {
-        return fmt::format("NodeOptions(nodes={}, node_rank={}, master_addr='{}', master_port={})",
-                           o.nodes, o.node_rank, o.master_addr, o.master_port);
-      });
-
-  py::class_<Options>(m, "Options", "gradagg::Options with Python's types (see Aggregator).")
-      .def(py::init<>())
-      .def_readwrite("workers", &Options::workers)
-      .def_property(
-          "weighting", [](const Options& o) { return nameOf(o.weighting, kWeightings); },
-          [](Options& o, const std::string& v) {
-            o.weighting = enumOf(v, "weighting", kWeightings);
-          })
-      .def_property(
-          "buffers", [](const Options& o) { return nameOf(o.buffers, kBufferSyncs); },
-          [](Options& o, const std::string& v) { o.buffers = enumOf(v, "buffers", kBufferSyncs); })
-      .def_readwrite("threads_per_worker", &Options::threads_per_worker)
-      .def_readwrite("parent_threads", &Options::parent_threads)
-      .def_property(
-          "step_timeout", [](const Options& o) { return seconds(o.step_timeout); },
-          [](Options& o, double s) { o.step_timeout = millis(s, "step_timeout"); })
-      .def_property(
-          "shutdown_timeout", [](const Options& o) { return seconds(o.shutdown_timeout); },
-          [](Options& o, double s) { o.shutdown_timeout = millis(s, "shutdown_timeout"); })
-      .def_property(
-          "non_finite", [](const Options& o) { return nameOf(o.non_finite, kNonFinite); },
-          [](Options& o, const std::string& v) {
-            o.non_finite = enumOf(v, "non_finite", kNonFinite);
-          })
-      .def_readwrite("max_consecutive_skips", &Options::max_consecutive_skips)
-      .def_readwrite("max_restarts", &Options::max_restarts)
-      .def_readwrite("accumulation_steps", &Options::accumulation_steps)
-      .def_readwrite("nodes", &Options::nodes)
-      .def_readwrite("seed_workers", &Options::seed_workers)
-      .def_readwrite("seed", &Options::seed)
-      .def_readwrite("check_parameter_list", &Options::check_parameter_list)
-      .def("validate", &Options::validate);
-}
-
-void bindReports(py::module_& m) {
+void bindShardContext(py::module_& m) {
   py::class_<ShardContext>(m, "ShardContext", "Who a shard function is and which step it computes.")
       .def_readonly("rank", &ShardContext::rank)
       .def_readonly("workers", &ShardContext::workers)
@@ -404,7 +266,9 @@ void bindReports(py::module_& m) {
         return fmt::format("ShardContext(rank={}, workers={}, step={}, micro_step={})", c.rank,
                            c.workers, c.step, c.micro_step);
       });
+}
 
+void bindReports(py::module_& m) {
   py::class_<WorkerReport>(m, "WorkerReport", "One worker's part of a step (times in ms).")
       .def_readonly("loss", &WorkerReport::loss)
       .def_readonly("samples", &WorkerReport::samples)
@@ -466,6 +330,7 @@ PYBIND11_MODULE(_core, m) {
   gradagg::python::installHostHooks();
   gradagg::python::registerErrors();
   gradagg::python::bindOptions(m);
+  gradagg::python::bindShardContext(m);
   gradagg::python::bindReports(m);
   gradagg::python::bindAggregator(m);
 }

@@ -1,5 +1,6 @@
 """gradagg in Python against single-process autograd and against the C++ core."""
 import copy
+import inspect
 import os
 import subprocess
 import sys
@@ -142,6 +143,23 @@ def test_keyword_options_reach_the_core():
         assert o.accumulation_steps == 3
         assert (o.seed_workers, o.seed, o.check_parameter_list) == (False, 99, False)
         assert "workers=3" in repr(agg)
+
+
+@pytest.mark.parametrize("cls", [gradagg.Options, gradagg.NodeOptions])
+def test_every_option_field_is_a_keyword_and_in_the_repr(cls):
+    defaults = cls()
+    fields = [n for n in dir(defaults) if not n.startswith("_")
+              and not callable(getattr(defaults, n))]
+    for name in fields:
+        assert f"{name}={getattr(defaults, name)!r}" in repr(defaults)
+    assert repr(cls(**{n: getattr(defaults, n) for n in fields})) == repr(defaults)
+
+
+def test_the_aggregator_keywords_default_to_the_options_defaults():
+    defaults = gradagg.Options()
+    parameters = inspect.signature(gradagg.Aggregator.__init__).parameters
+    for name in gradagg._OPTION_NAMES:
+        assert parameters[name].default == getattr(defaults, name), name
 
 
 @pytest.mark.parametrize("weighting", ["samples", "equal"])

@@ -375,10 +375,8 @@ int Aggregator::threadsPerWorker() const {
   return impl_ ? impl_->worker_threads : 0;
 }
 std::vector<int> Aggregator::workerPids() const {
-  std::vector<int> out;
-  if (!impl_ || !impl_->channel.usable()) return out;
-  for (std::size_t r = 0; r < impl_->processes.size(); ++r) out.push_back(impl_->processes.pid(r));
-  return out;
+  if (!impl_ || !impl_->channel.usable()) return {};
+  return impl_->processes.pids();
 }
 
 }  // namespace gradagg

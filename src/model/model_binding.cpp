@@ -50,10 +50,16 @@ void checkCommon(const std::string& kind, const std::string& name, const at::Ten
 
 ModelBinding::ModelBinding(const ModelView& model) {
   std::unordered_set<const c10::TensorImpl*> seen;
-  for (const NamedTensor& item : model.parameters) {
+  // Each tensor once, checked the first time it is listed.
+  auto first = [&](const char* kind, const NamedTensor& item) {
     const at::Tensor& t = item.tensor;
-    if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) continue;
-    checkCommon("parameter", item.name, t);
+    if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) return false;
+    checkCommon(kind, item.name, t);
+    return true;
+  };
+  for (const NamedTensor& item : model.parameters) {
+    if (!first("parameter", item)) continue;
+    const at::Tensor& t = item.tensor;
     if (std::find(std::begin(kParameterDtypes), std::end(kParameterDtypes), t.scalar_type()) ==
         std::end(kParameterDtypes))
       throw InvalidArgument(
@@ -72,9 +78,8 @@ ModelBinding::ModelBinding(const ModelView& model) {
     }
   }
   for (const NamedTensor& item : model.buffers) {
+    if (!first("buffer", item)) continue;
     const at::Tensor& t = item.tensor;
-    if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) continue;
-    checkCommon("buffer", item.name, t);
     TensorEntry e{item.name,
                   t,
                   buffer_bytes_,

@@ -1,7 +1,8 @@
 // The population segment: plain data at fixed offsets, no pointers, no containers.
 //
 // Protocol. The parent drives generations through the control channel
-// (src/core/control.h) over the header's command line: it writes the fields, sets `remaining`
+// (runtime/control.h) over the header's command line; each member is the serve
+// loop (runtime/serve.h) around its own commands: it writes the fields, sets `remaining`
 // to N, bumps command_seq (release) and wakes the members. kTrain: each member
 // trains publish_interval steps, publishes a snapshot, and arrives (decrements
 // `remaining`, the last wakes the parent). kExploit: each member reads every
@@ -51,6 +52,12 @@ inline constexpr int kMaxHp = 16;
 
 enum class Command : std::uint32_t { kNone = 0, kTrain = 1, kExploit = 2, kStop = 3, kPublish = 4 };
 enum class Status : std::uint32_t { kOk = 0, kFailed = 1 };
+// How a member starts (MemberControl::restart).
+enum class Restart : std::uint32_t {
+  kFirst = 0,          // a first start: initialise (or resume the run's checkpoint)
+  kOwesArrival = 1,    // forked again: start from its latest slot, arrive for the current command
+  kArrivedAlready = 2  // the same, but the member it replaces had arrived for the command
+};
 
 // At the start of each slot. Written by its member only, under the slot's seq.
 struct alignas(kAlign) SlotMeta {
@@ -65,8 +72,7 @@ struct alignas(kAlign) SlotMeta {
   double hp[kMaxHp];              // in the parent's name order
 };
 
-// One per member. Written by that member only, except `command`-side fields
-// the parent writes before forking (resume).
+// One per member. Written by that member, except where a field says the parent.
 struct alignas(kAlign) MemberControl {
   // The member, as it moves (relaxed); read by the parent to name the phase.
   std::atomic<std::uint32_t> phase;
@@ -78,14 +84,15 @@ struct alignas(kAlign) MemberControl {
   // fork: "not arrived"). The parent reads it to name a late member, and when the
   // member died, to know whether a restarted member still owes that arrival.
   std::atomic<std::uint32_t> done_seq;
-  // Written by the parent before it forks a replacement (max_restarts): 0 for a
-  // first start; 1: start from the latest slot and arrive for the current
-  // command; 2: start from the latest slot, the dead member already arrived.
+  // A Restart. Written by the parent before it forks a replacement (max_restarts).
   std::uint32_t restart;
-  // Written by the member before it arrives; read by the parent after `remaining` hit 0.
+  // Written by the member before it arrives; read by the parent after
+  // `remaining` hit 0. The parent sets it to kOk before it forks a replacement.
   std::uint32_t status;
+  // Written by the parent after it forked the member.
   std::int32_t pid;
   // kExploit outcome: copied != 0 when it copied `donor` (version donor_version).
+  // The parent clears `copied` before it forks a replacement.
   std::uint32_t copied;
   std::int32_t donor;
   std::uint64_t donor_version;

@@ -5,7 +5,8 @@
 // the parent wrote from the checkpoint, or which it published itself before it
 // died and was restarted) or init its weights; create its
 // optimizer; score; publish version 1 (or the resumed version + 1); arrive.
-// Then serve the parent's commands (see population_layout.h):
+// Then serve the parent's commands (the serve loop, runtime/serve.h; the
+// protocol in population/layout.h):
 //   kTrain:   publish_interval train steps, score, publish, arrive;
 //   kExploit: read every member's score, let the policy decide with the
 //             (seed, rank, step) generator; on a copy: read the donor's latest
@@ -14,8 +15,8 @@
 //             optimizer AFTER loading the state, record the copy in the
 //             control block; arrive (nobody publishes while others read);
 //   kPublish: a member that copied publishes; arrive.
-// Any exception becomes a failed status with its message; the member then waits
-// for the parent to stop it.
+// Any exception becomes a failed status with its message; the member then
+// serves nothing more and waits for the parent to stop it.
 #include <unistd.h>
 
 #include <cstring>
@@ -29,6 +30,7 @@
 #include <torch/serialize/archive.h>
 
 #include "runtime/control.h"
+#include "runtime/serve.h"
 #include "runtime/test_seam.h"
 #include "population/member.h"
 
@@ -42,7 +44,7 @@ void defaultApply(torch::optim::Optimizer& opt, const Hyperparams& hp) {
   for (auto& group : opt.param_groups()) group.options().set_lr(lr->second);
 }
 
-class Member {
+class Member final : public ServedWorker {
  public:
   explicit Member(const MemberSetup& s)
       : s_(s),
@@ -54,40 +56,54 @@ class Member {
         n_(static_cast<int>(s.layout.sizes.workers)),
         buffer_(s.layout.payloadBytes() + kAlign) {}
 
-  int run() {
-    std::uint32_t seen = s_.start_seq;
-    try {
-      setUp();
-    } catch (const std::exception& e) {
-      fail(e.what());
-    }
-    if (control_.restart != 2) channel_.finish(header_.remaining, seen);
-    for (;;) {
-      const auto next = channel_.awaitCommand(seen);
-      if (!next) return 4;  // the parent is gone
-      seen = *next;
-      const auto command = static_cast<Command>(header_.command);
-      if (command == Command::kStop) {
-        channel_.setPhase(Phase::kStopping);
-        return 0;
-      }
-      if (control_.status == static_cast<std::uint32_t>(Status::kOk)) {
-        try {
-          if (command == Command::kTrain) train();
-          if (command == Command::kExploit) exploit();
-          if (command == Command::kPublish && control_.copied != 0) publishNow();
-        } catch (const std::exception& e) {
-          fail(e.what());
-        }
-      }
-      channel_.finish(header_.remaining, seen);
-    }
+  int run() { return serveCommands(*this, channel_, header_.remaining, s_.start_seq); }
+
+  bool arrivesAtStart() const override {
+    return static_cast<Restart>(control_.restart) != Restart::kArrivedAlready;
   }
 
- private:
-  void setUp() {
+  bool stopCommanded() const override {
+    return static_cast<Command>(header_.command) == Command::kStop;
+  }
+
+  bool serve() override {
+    if (control_.status != static_cast<std::uint32_t>(Status::kOk)) return true;
+    try {
+      switch (static_cast<Command>(header_.command)) {
+        case Command::kTrain:
+          train();
+          break;
+        case Command::kExploit:
+          exploit();
+          break;
+        case Command::kPublish:
+          if (control_.copied != 0) publishNow();
+          break;
+        default:
+          break;
+      }
+    } catch (...) {
+      failed();
+    }
+    return true;
+  }
+
+  void failed() noexcept override {
+    control_.status = static_cast<std::uint32_t>(Status::kFailed);
+    const char* what = "unknown exception (not derived from std::exception)";
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      std::snprintf(control_.message, sizeof(control_.message), "%s", e.what());
+      return;
+    } catch (...) {
+    }
+    std::snprintf(control_.message, sizeof(control_.message), "%s", what);
+  }
+
+  void setUp() override {
     setPhase(Phase::kStarting);
-    if (header_.resumed != 0 || control_.restart != 0) {
+    if (header_.resumed != 0 || static_cast<Restart>(control_.restart) != Restart::kFirst) {
       MetaValues m = readOwn();
       loadTensors(*s_.binding, s_.layout, payload());
       hp_ = hpFromArray(m.hp, *s_.hp_names);
@@ -109,6 +125,7 @@ class Member {
     }
   }
 
+ private:
   void train() {
     for (std::int64_t k = 0; k < opt_.publish_interval; ++k) {
       setPhase(Phase::kTraining);
@@ -123,12 +140,8 @@ class Member {
   void exploit() {
     setPhase(Phase::kExploiting);
     control_.copied = 0;
-    PolicyInput in;
-    in.rank = s_.rank;
-    in.workers = n_;
-    in.step = step_;
-    in.higher_is_better = opt_.higher_is_better;
-    in.scores.resize(static_cast<std::size_t>(n_));
+    PolicyInput in{s_.rank, n_, step_, std::vector<double>(static_cast<std::size_t>(n_)),
+                   opt_.higher_is_better};
     for (int r = 0; r < n_; ++r) {
       MetaValues m;
       if (!read(memberArea(s_.base, s_.layout, r), &m, nullptr, {}, opt_.max_read_retries))
@@ -230,29 +243,17 @@ class Member {
 
   double score() {
     setPhase(Phase::kScoring);
-    DecisionRng rng = DecisionRng::derive(opt_.seed, s_.rank, step_, kStreamTrain + 100);
+    DecisionRng rng = DecisionRng::derive(opt_.seed, s_.rank, step_, kStreamScore);
     return s_.fns->score(context(rng));
   }
 
   MemberContext context(DecisionRng& rng) {
-    MemberContext c;
-    c.rank = s_.rank;
-    c.workers = n_;
-    c.step = step_;
-    c.hyperparams = &hp_;
-    c.optimizer = optimizer_.get();
-    c.rng = &rng;
-    return c;
+    return MemberContext{s_.rank, n_, step_, &hp_, optimizer_.get(), &rng};
   }
 
   std::byte* payload() {
     auto p = reinterpret_cast<std::uintptr_t>(buffer_.data());
     return reinterpret_cast<std::byte*>(alignUp(p, kAlign));
-  }
-
-  void fail(const char* what) {
-    control_.status = static_cast<std::uint32_t>(Status::kFailed);
-    std::snprintf(control_.message, sizeof(control_.message), "%s", what);
   }
 
   void setPhase(Phase p) { channel_.setPhase(p); }

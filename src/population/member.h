@@ -1,4 +1,4 @@
-// Pieces shared by the parent (population.cpp) and the members (population_member.cpp).
+// Pieces shared by the parent (population.cpp) and the members (member.cpp).
 #pragma once
 
 #include <sys/types.h>
@@ -18,6 +18,7 @@ inline constexpr std::uint64_t kStreamHyperparams = 1;
 inline constexpr std::uint64_t kStreamInit = 2;
 inline constexpr std::uint64_t kStreamTrain = 3;
 inline constexpr std::uint64_t kStreamExploit = 4;
+inline constexpr std::uint64_t kStreamScore = 103;
 
 // Everything a member needs; all of it inherited from the parent by fork.
 struct MemberSetup {

@@ -1,7 +1,8 @@
 // The parent's side of population mode: map the segment, fork the members,
 // drive generations (kTrain, kExploit, kPublish; each wait is a barrier with the step
 // deadline and a liveness check every 50 ms), append lineage lines, read any
-// member's snapshot, checkpoint and resume. The protocol is in population_layout.h.
+// member's snapshot, checkpoint and resume (population/checkpoint.cpp). The
+// protocol is in population/layout.h.
 //
 // Lineage: members record each copy in their control block; the parent, after
 // the kExploit barrier, appends one JSON line per copy (in rank order, one
@@ -20,12 +21,14 @@
 #include <nlohmann/json.hpp>
 
 #include <gradagg/checkpoint.h>
+#include <gradagg/options.h>
 
 #include "checkpoint/durable_file.h"
 #include "runtime/check.h"
 #include "runtime/control.h"
 #include "runtime/process.h"
 #include "runtime/segment.h"
+#include "population/checkpoint.h"
 #include "population/member.h"
 
 namespace gradagg {
@@ -116,7 +119,8 @@ struct Population::Impl {
     h.layout_version = kPopLayoutVersion;
     h.layout = layout;
     if (!options.resume_from.empty()) {
-      loadCheckpoint(options.resume_from);
+      loadMembers(options.resume_from, options.workers, hp_names, *binding, layout,
+                  [this](int r) { return area(r); });
       h.resumed = 1;
     }
     if (!options.lineage_path.empty()) {
@@ -127,9 +131,8 @@ struct Population::Impl {
                                     options.lineage_path, std::strerror(errno)),
                         options.lineage_path);
     }
-    const int threads = options.threads_per_worker > 0
-                            ? options.threads_per_worker
-                            : std::max(1, static_cast<int>(::sysconf(_SC_NPROCESSORS_ONLN)) / n);
+    const int threads = options.threads_per_worker > 0 ? options.threads_per_worker
+                                                       : std::max(1, availableCores() / n);
     setups.resize(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r) {
       MemberSetup& s = setups[static_cast<std::size_t>(r)];
@@ -172,7 +175,8 @@ struct Population::Impl {
   void restart(int r) {
     ++restarts;
     MemberControl& c = *area(r).control;
-    c.restart = channel.done(r) ? 2 : 1;
+    c.restart = static_cast<std::uint32_t>(channel.done(r) ? Restart::kArrivedAlready
+                                                           : Restart::kOwesArrival);
     c.status = static_cast<std::uint32_t>(Status::kOk);
     c.copied = 0;
     setups[r].start_seq = channel.seq();
@@ -226,15 +230,9 @@ struct Population::Impl {
     for (int r = 0; r < options.workers; ++r) {
       const MemberControl& c = *area(r).control;
       if (c.copied == 0) continue;
-      CopyEvent e;
-      e.step = c.copy_step;
-      e.worker = r;
-      e.donor = c.donor;
-      e.donor_version = c.donor_version;
-      e.score = c.own_score;
-      e.donor_score = c.donor_score;
-      e.before = hpFromArray(c.hp_before, hp_names);
-      e.after = hpFromArray(c.hp_after, hp_names);
+      CopyEvent e{c.copy_step,   r,           c.donor, c.donor_version,
+                  c.own_score,   c.donor_score, hpFromArray(c.hp_before, hp_names),
+                  hpFromArray(c.hp_after, hp_names)};
       if (lineage_fd >= 0) writeLineage(e);
       events.push_back(std::move(e));
     }
@@ -269,13 +267,8 @@ struct Population::Impl {
     const auto used = [&](const MetaValues& v) { return usedPayload(layout, v); };
     if (!read(area(rank), &m, buf, used, options.max_read_retries))
       throw InternalError(fmt::format("gradagg: no consistent snapshot of member {}", rank));
-    MemberSnapshot s;
-    s.rank = rank;
-    s.version = m.version;
-    s.step = m.step;
-    s.last_copy_step = m.last_copy_step;
-    s.score = m.score;
-    s.hyperparams = hpFromArray(m.hp, hp_names);
+    MemberSnapshot s{rank,    m.version, m.step, m.last_copy_step, m.score,
+                     hpFromArray(m.hp, hp_names), {}, {}, {}};
     for (const auto& e : binding->params()) s.parameters.push_back(viewAt(e, buf).clone());
     for (const auto& e : binding->buffers())
       s.buffers.push_back(viewAt(e, layout.buffersIn(buf)).clone());
@@ -284,101 +277,10 @@ struct Population::Impl {
     return s;
   }
 
-  // One sub-archive per member: p<k>, b<k>, meta [version, step, last_copy_step],
-  // score, hp (in name order), optimizer (bytes).
   void checkpoint(const std::string& path) const {
-    torch::serialize::OutputArchive root;
-    root.write("workers", at::tensor(static_cast<std::int64_t>(options.workers)));
-    root.write("hp_names", c10::IValue(fmt::format("{}", fmt::join(hp_names, ","))));
-    for (int r = 0; r < options.workers; ++r) {
-      const MemberSnapshot s = snapshot(r);
-      torch::serialize::OutputArchive a;
-      for (std::size_t k = 0; k < s.parameters.size(); ++k)
-        a.write(fmt::format("p{}", k), s.parameters[k]);
-      for (std::size_t k = 0; k < s.buffers.size(); ++k)
-        a.write(fmt::format("b{}", k), s.buffers[k], true);
-      a.write("meta", at::tensor(std::vector<std::int64_t>{static_cast<std::int64_t>(s.version),
-                                                           s.step, s.last_copy_step}));
-      a.write("score", at::tensor(s.score, at::kDouble));
-      std::vector<double> hp;
-      for (const auto& name : hp_names) hp.push_back(s.hyperparams.at(name));
-      a.write("hp", at::tensor(hp, at::kDouble).reshape({static_cast<std::int64_t>(hp.size())}));
-      a.write("optimizer",
-              at::from_blob(const_cast<char*>(s.optimizer_state.data()),
-                            {static_cast<std::int64_t>(s.optimizer_state.size())}, at::kByte)
-                  .clone(),
-              true);
-      root.write(fmt::format("member{}", r), a);
-    }
-    std::string payload;
-    root.save_to([&](const void* data, std::size_t n) {
-      payload.append(static_cast<const char*>(data), n);
-      return n;
-    });
-    writeDurably(path, payload);
-  }
-
-  // Before fork: each member's checkpointed state becomes its latest snapshot.
-  void loadCheckpoint(const std::string& path) {
-    torch::serialize::InputArchive root;
-    const std::string payload = readVerified(path);
-    try {
-      root.load_from(payload.data(), payload.size());
-    } catch (const c10::Error& e) {
-      throw CheckpointError(fmt::format("gradagg: checkpoint {}: cannot be parsed: {}", path,
-                                        e.what_without_backtrace()),
-                            path);
-    }
-    at::Tensor workers;
-    root.read("workers", workers);
-    if (workers.item<std::int64_t>() != options.workers)
-      throw InvalidArgument(fmt::format("resume_from {}: {} members, options say {}", path,
-                                        workers.item<std::int64_t>(), options.workers));
-    c10::IValue names;
-    root.read("hp_names", names);
-    if (names.toStringRef() != fmt::format("{}", fmt::join(hp_names, ",")))
-      throw InvalidArgument(fmt::format("resume_from {}: hyperparameters '{}', expected '{}'", path,
-                                        names.toStringRef(), fmt::join(hp_names, ",")));
-    for (int r = 0; r < options.workers; ++r) {
-      torch::serialize::InputArchive a;
-      root.read(fmt::format("member{}", r), a);
-      at::Tensor meta, score, hp, opt;
-      a.read("meta", meta);
-      a.read("score", score);
-      a.read("hp", hp);
-      a.read("optimizer", opt, true);
-      if (static_cast<std::uint64_t>(opt.numel()) > layout.sizes.optimizer_bytes)
-        throw InvalidArgument(
-            fmt::format("resume_from {}: member {}'s optimizer state ({} bytes) "
-                        "exceeds optimizer_state_bytes",
-                        path, r, opt.numel()));
-      MetaValues m;
-      m.version = static_cast<std::uint64_t>(meta[0].item<std::int64_t>());
-      m.step = meta[1].item<std::int64_t>();
-      m.last_copy_step = meta[2].item<std::int64_t>();
-      m.score = score.item<double>();
-      m.optimizer_bytes = static_cast<std::uint64_t>(opt.numel());
-      m.hp_count = static_cast<std::uint32_t>(hp_names.size());
-      for (std::size_t k = 0; k < hp_names.size(); ++k)
-        m.hp[k] = hp[static_cast<std::int64_t>(k)].item<double>();
-      publish(area(r), m,
-              [&](std::byte* p) {
-                at::NoGradGuard no_grad;
-                for (std::size_t k = 0; k < binding->params().size(); ++k) {
-                  at::Tensor t;
-                  a.read(fmt::format("p{}", k), t);
-                  viewAt(binding->params()[k], p).copy_(t);
-                }
-                for (std::size_t k = 0; k < binding->buffers().size(); ++k) {
-                  at::Tensor t;
-                  a.read(fmt::format("b{}", k), t, true);
-                  viewAt(binding->buffers()[k], layout.buffersIn(p)).copy_(t);
-                }
-                if (opt.numel() > 0)
-                  std::memcpy(layout.optimizerIn(p), opt.data_ptr(), opt.numel());
-              },
-              {});
-    }
+    std::vector<MemberSnapshot> members;
+    for (int r = 0; r < options.workers; ++r) members.push_back(snapshot(r));
+    saveMembers(path, members, hp_names);
   }
 };
 
@@ -394,10 +296,8 @@ int Population::workers() const noexcept { return impl_->options.workers; }
 int Population::restarts() const noexcept { return impl_->restarts; }
 std::vector<std::string> Population::hyperparamNames() const { return impl_->hp_names; }
 std::vector<int> Population::workerPids() const {
-  std::vector<int> pids;
-  if (!impl_->channel.usable()) return pids;
-  for (std::size_t r = 0; r < impl_->processes.size(); ++r) pids.push_back(impl_->processes.pid(r));
-  return pids;
+  if (!impl_->channel.usable()) return {};
+  return impl_->processes.pids();
 }
 
 }  // namespace gradagg

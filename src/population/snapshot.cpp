@@ -1,5 +1,5 @@
 // The population segment's layout and its seqlock snapshots (torch-free).
-// See population_layout.h for the protocol.
+// See population/layout.h for the protocol.
 #include <cstring>
 #include <functional>
 

@@ -18,7 +18,7 @@ namespace {
 const std::chrono::nanoseconds kSpin = spinBudget(std::chrono::microseconds(200));
 // The parent's spin when it has a core of its own (ParentChannel::setOwnCore):
 // a step of a few ms (Fashion-MNIST's 784-64-10 at batch 32: 1.6 ms) is waited
-// for without sleeping; longer ones sleep after it, as before.
+// for without sleeping; longer ones sleep after it.
 const std::chrono::nanoseconds kOwnCoreSpin = spinBudget(std::chrono::milliseconds(5));
 // How often the parent checks its workers, and a worker its parent, while blocked.
 constexpr auto kLivenessSlice = std::chrono::milliseconds(50);

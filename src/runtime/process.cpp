@@ -127,6 +127,12 @@ pid_t ProcessSet::respawn(std::size_t i, const std::function<int()>& body) {
   return c.pid;
 }
 
+std::vector<int> ProcessSet::pids() const {
+  std::vector<int> out;
+  for (const Child& c : children_) out.push_back(c.pid);
+  return out;
+}
+
 std::optional<ProcessExit> ProcessSet::poll(std::size_t i) {
   Child& c = children_[i];
   if (c.exit) return c.exit;

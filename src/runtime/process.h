@@ -47,6 +47,8 @@ class ProcessSet {
 
   std::size_t size() const noexcept { return children_.size(); }
   pid_t pid(std::size_t i) const { return children_[i].pid; }
+  // Every child's pid, by index.
+  std::vector<int> pids() const;
 
   // Non-blocking: how child i ended, or nothing while it runs.
   std::optional<ProcessExit> poll(std::size_t i);

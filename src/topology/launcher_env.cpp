@@ -32,85 +32,103 @@ std::string firstSlurmHost(const std::string& list) {
   return first.substr(0, open) + start +
          (close == std::string::npos ? "" : first.substr(close + 1));
 }
-}  // namespace
 
-NodeOptions NodeOptions::fromEnvironment(NodeOptions o) {
-  auto set = [](const char* name) {
+// The environment's variables, read with the checks every launcher's need.
+struct Environment {
+  static const char* get(const char* name) {
     const char* v = std::getenv(name);
-    return v != nullptr && *v != '\0';
-  };
-  auto text = [&](const char* name, std::string& out) {
-    if (set(name)) out = std::getenv(name);
-  };
-  auto number = [&](const char* name, auto& out) {
-    if (!set(name)) return false;
-    const char* v = std::getenv(name);
+    return v != nullptr && *v != '\0' ? v : nullptr;
+  }
+  static bool text(const char* name, std::string& out) {
+    const char* v = get(name);
+    if (v != nullptr) out = v;
+    return v != nullptr;
+  }
+  // An integer variable into `out` (when set); InvalidArgument naming it otherwise.
+  template <typename T>
+  static bool number(const char* name, T& out) {
+    const char* v = get(name);
+    if (v == nullptr) return false;
     char* end = nullptr;
     errno = 0;
     const long long n = std::strtoll(v, &end, 10);
-    using T = std::remove_reference_t<decltype(out)>;
     if (end == v || *end != '\0' || errno == ERANGE || n < std::numeric_limits<T>::min() ||
         n > std::numeric_limits<T>::max())
       throw InvalidArgument(
           fmt::format("environment variable {}: expected an integer, got '{}'", name, v));
     out = static_cast<T>(n);
     return true;
-  };
-  // Launchers, weakest first; gradagg's own variables last, so they win.
-  // Slurm (srun, one task per node): SLURM_NNODES, SLURM_NODEID, the first host
-  // of SLURM_JOB_NODELIST as node 0.
-  number("SLURM_NNODES", o.nodes);
-  number("SLURM_NODEID", o.node_rank);
-  if (set("SLURM_JOB_NODELIST")) o.master_addr = firstSlurmHost(std::getenv("SLURM_JOB_NODELIST"));
-  // torchrun --nnodes N --nproc-per-node 1: each node's one process is a node
-  // parent. GROUP_WORLD_SIZE / GROUP_RANK (NODE_RANK elsewhere), MASTER_ADDR,
-  // MASTER_PORT; with its static rendezvous its agent serves the store.
-  number("GROUP_WORLD_SIZE", o.nodes);
-  number("NODE_RANK", o.node_rank);
-  number("GROUP_RANK", o.node_rank);
-  text("MASTER_ADDR", o.master_addr);
-  number("MASTER_PORT", o.master_port);
-  if (set("TORCHELASTIC_USE_AGENT_STORE"))
-    o.external_store = std::string(std::getenv("TORCHELASTIC_USE_AGENT_STORE")) == "True";
-  int attempt = 0;
-  if (number("TORCHELASTIC_RESTART_COUNT", attempt))
-    o.store_prefix = fmt::format("gradagg/attempt_{}", attempt);
-  // gradagg's own.
-  number("GRADAGG_NNODES", o.nodes);
-  number("GRADAGG_NODE_RANK", o.node_rank);
-  text("GRADAGG_STORE_PATH", o.store_path);
-  text("GRADAGG_SOCKET_IFNAME", o.interface);
-  long long timeout_ms = o.timeout.count();
-  number("GRADAGG_NODE_TIMEOUT_MS", timeout_ms);
-  o.timeout = std::chrono::milliseconds(timeout_ms);
-  number("GRADAGG_CHECKSUM_INTERVAL", o.checksum_interval);
-  if (set("GRADAGG_COMPRESSION")) {
-    const std::string v = std::getenv("GRADAGG_COMPRESSION");
-    if (v == "none") {
-      o.compression = Compression::kNone;
-    } else if (v == "bf16") {
-      o.compression = Compression::kBFloat16;
-    } else {
-      throw InvalidArgument(fmt::format(
-          "environment variable GRADAGG_COMPRESSION: expected none or bf16, got '{}'", v));
-    }
   }
-  auto bytes = [&](const char* name, std::uint64_t& out) {
+  static void bytes(const char* name, std::uint64_t& out) {
     long long v = static_cast<long long>(out);
     if (!number(name, v)) return;
     if (v <= 0)
       throw InvalidArgument(fmt::format("environment variable {}: expected > 0, got {}", name, v));
     out = static_cast<std::uint64_t>(v);
-  };
-  bytes("GRADAGG_BUCKET_BYTES", o.bucket_bytes);
-  bytes("GRADAGG_FIRST_BUCKET_BYTES", o.first_bucket_bytes);
+  }
+};
+
+// Slurm (srun, one task per node): SLURM_NNODES, SLURM_NODEID, the first host
+// of SLURM_JOB_NODELIST as node 0.
+void fromSlurm(NodeOptions& o) {
+  Environment::number("SLURM_NNODES", o.nodes);
+  Environment::number("SLURM_NODEID", o.node_rank);
+  if (const char* list = Environment::get("SLURM_JOB_NODELIST")) o.master_addr = firstSlurmHost(list);
+}
+
+// torchrun --nnodes N --nproc_per_node 1: each node's one process is a node
+// parent. GROUP_WORLD_SIZE / GROUP_RANK (NODE_RANK elsewhere), MASTER_ADDR,
+// MASTER_PORT; with its static rendezvous its agent serves the store.
+void fromTorchrun(NodeOptions& o) {
+  Environment::number("GROUP_WORLD_SIZE", o.nodes);
+  Environment::number("NODE_RANK", o.node_rank);
+  Environment::number("GROUP_RANK", o.node_rank);
+  Environment::text("MASTER_ADDR", o.master_addr);
+  Environment::number("MASTER_PORT", o.master_port);
+  std::string agent_store;
+  if (Environment::text("TORCHELASTIC_USE_AGENT_STORE", agent_store))
+    o.external_store = agent_store == "True";
+  int attempt = 0;
+  if (Environment::number("TORCHELASTIC_RESTART_COUNT", attempt))
+    o.store_prefix = fmt::format("gradagg/attempt_{}", attempt);
+}
+
+// gradagg's own (docs/multinode.md).
+void fromGradagg(NodeOptions& o) {
+  Environment::number("GRADAGG_NNODES", o.nodes);
+  Environment::number("GRADAGG_NODE_RANK", o.node_rank);
+  Environment::text("GRADAGG_STORE_PATH", o.store_path);
+  Environment::text("GRADAGG_SOCKET_IFNAME", o.interface);
+  long long timeout_ms = o.timeout.count();
+  Environment::number("GRADAGG_NODE_TIMEOUT_MS", timeout_ms);
+  o.timeout = std::chrono::milliseconds(timeout_ms);
+  Environment::number("GRADAGG_CHECKSUM_INTERVAL", o.checksum_interval);
+  std::string compression;
+  if (Environment::text("GRADAGG_COMPRESSION", compression)) {
+    if (compression != "none" && compression != "bf16")
+      throw InvalidArgument(fmt::format(
+          "environment variable GRADAGG_COMPRESSION: expected none or bf16, got '{}'",
+          compression));
+    o.compression = compression == "bf16" ? Compression::kBFloat16 : Compression::kNone;
+  }
+  Environment::bytes("GRADAGG_BUCKET_BYTES", o.bucket_bytes);
+  Environment::bytes("GRADAGG_FIRST_BUCKET_BYTES", o.first_bucket_bytes);
   int overlap = o.overlap ? 1 : 0;
-  if (number("GRADAGG_OVERLAP", overlap)) {
+  if (Environment::number("GRADAGG_OVERLAP", overlap)) {
     if (overlap != 0 && overlap != 1)
       throw InvalidArgument(
           fmt::format("environment variable GRADAGG_OVERLAP: expected 0 or 1, got {}", overlap));
     o.overlap = overlap == 1;
   }
+}
+
+}  // namespace
+
+// Launchers, weakest first; gradagg's own variables last, so they win.
+NodeOptions NodeOptions::fromEnvironment(NodeOptions o) {
+  fromSlurm(o);
+  fromTorchrun(o);
+  fromGradagg(o);
   return o;
 }
 

@@ -142,13 +142,20 @@ void NodeGroup::fail(const char* what, const std::exception& e) const {
                    rank_);
 }
 
-void NodeGroup::allreduceSum(at::Tensor& t, const char* what) {
+template <typename F>
+void NodeGroup::guarded(const char* what, F&& f) const {
   try {
-    std::vector<at::Tensor> tensors{t};
-    impl_->group->allreduce(tensors)->wait(timeout_);
+    f();
   } catch (const std::exception& e) {
     fail(what, e);
   }
+}
+
+void NodeGroup::allreduceSum(at::Tensor& t, const char* what) {
+  guarded(what, [&] {
+    std::vector<at::Tensor> tensors{t};
+    impl_->group->allreduce(tensors)->wait(timeout_);
+  });
 }
 
 namespace {
@@ -185,20 +192,16 @@ int NodeGroup::bindSum(const at::Tensor& tensor) {
 }
 
 void NodeGroup::allreduceBound(const std::vector<int>& handles, const char* what) {
-  try {
+  guarded(what, [&] {
     for (const int h : handles) ::gloo::allreduce(*impl_->sums[static_cast<std::size_t>(h)]);
-  } catch (const std::exception& e) {
-    fail(what, e);
-  }
+  });
 }
 
 void NodeGroup::broadcastFromNode0(at::Tensor& t, const char* what) {
-  try {
+  guarded(what, [&] {
     std::vector<at::Tensor> tensors{t};
     impl_->group->broadcast(tensors)->wait(timeout_);
-  } catch (const std::exception& e) {
-    fail(what, e);
-  }
+  });
 }
 
 std::vector<std::int64_t> NodeGroup::allgather(std::int64_t value, const char* what) {

@@ -1,6 +1,6 @@
 // Helpers shared by the Fashion-MNIST example's tests: files as bytes and the
 // child-process check every multi-process test ends with (torch-free, unlike
-// tests/support). Their files go in a gradagg::detail::TempDir (core/temp_dir.h).
+// tests/support). Their files go in a gradagg::detail::TempDir (runtime/temp_dir.h).
 #pragma once
 
 #include <sys/types.h>

@@ -1,4 +1,4 @@
-// The parent's waits and their shared deadline (core/control.h): time this
+// The parent's waits and their shared deadline (runtime/control.h): time this
 // process was stopped is not the workers' lateness, wherever in a command it
 // falls — during a wait, or between two waits of the same command (a step with
 // early buckets waits once per bucket, then for the reduction).

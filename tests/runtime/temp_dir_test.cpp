@@ -1,4 +1,4 @@
-// TempDir (src/core/temp_dir.h), which the tests and the bench put their files in:
+// TempDir (src/runtime/temp_dir.h), which the tests and the bench put their files in:
 // a fresh directory under $TMPDIR, removed with its contents by its one owner.
 #include <sys/wait.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-// The segment's header (src/core/layout.h): a fresh one is valid, every corrupted
+// The segment's header (src/step/layout.h): a fresh one is valid, every corrupted
 // identity field is reported, and a fuzz loop of bit flips never crashes and is
 // caught against the layout a worker expects.
 #include <cstddef>

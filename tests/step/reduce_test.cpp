@@ -1,4 +1,4 @@
-// The reduction (src/core/reduce.h) against plain loops: the range split, the
+// The reduction (src/step/kernels.h, flat.h, weights.h) against plain loops: the range split, the
 // weighted sum, one range of flagged parameters, the finiteness check.
 #include <cmath>
 #include <cstdint>

@@ -1,0 +1,121 @@
+#include "models.h"
+
+#include <sstream>
+#include <stdexcept>
+
+namespace gradagg::bench {
+
+namespace {
+
+constexpr std::uint64_t kSeed = 20240601;
+
+std::int64_t parseWidth(const std::string& token, const std::string& width) {
+  std::size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(width, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != width.size() || v <= 0)
+    throw std::invalid_argument(
+        "'" + token + "': expected all, 807, 55k, 670k, 5.8m or a layer list like 784-64-64-10");
+  return v;
+}
+
+}  // namespace
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, sep);)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+ModelSpec parseModel(const std::string& token) {
+  if (token == "807") return {"784-1-1-10", {784, 1, 1, 10}, 16};
+  if (token == "55k") return {"784-64-64-10", {784, 64, 64, 10}, 256};
+  if (token == "670k") return {"784-512-512-10", {784, 512, 512, 10}, 256};
+  if (token == "5.8m") return {"784-2048-2048-10", {784, 2048, 2048, 10}, 256};
+  ModelSpec spec{token, {}, 256};
+  for (const std::string& width : split(token, '-'))
+    spec.layers.push_back(parseWidth(token, width));
+  if (spec.layers.size() < 2)
+    throw std::invalid_argument("'" + token + "': a layer list needs at least two widths");
+  if (spec.layers.back() < 2)
+    throw std::invalid_argument("'" + token + "': the last width is the class count, at least 2");
+  return spec;
+}
+
+std::vector<ModelSpec> parseModels(const std::string& list) {
+  std::vector<ModelSpec> specs;
+  for (const std::string& token : split(list, ',')) {
+    if (token == "all") {
+      for (const char* name : {"807", "55k", "670k", "5.8m"}) specs.push_back(parseModel(name));
+    } else {
+      specs.push_back(parseModel(token));
+    }
+  }
+  return specs;
+}
+
+std::int64_t paramCount(const ModelSpec& spec) {
+  std::int64_t n = 0;
+  for (std::size_t i = 0; i + 1 < spec.layers.size(); ++i)
+    n += spec.layers[i] * spec.layers[i + 1] + spec.layers[i + 1];
+  return n;
+}
+
+MlpImpl::MlpImpl(const std::vector<std::int64_t>& layers) {
+  for (std::size_t i = 0; i + 1 < layers.size(); ++i)
+    fc.push_back(
+        register_module("fc" + std::to_string(i), torch::nn::Linear(layers[i], layers[i + 1])));
+}
+
+torch::Tensor MlpImpl::forward(torch::Tensor x) {
+  for (std::size_t i = 0; i < fc.size(); ++i) {
+    x = fc[i]->forward(x);
+    if (i + 1 < fc.size()) x = torch::relu(x);
+  }
+  return x;
+}
+
+Mlp makeModel(const ModelSpec& spec) {
+  torch::manual_seed(kSeed);
+  return Mlp(spec.layers);
+}
+
+Data makeData(const ModelSpec& spec) {
+  torch::manual_seed(kSeed + 1);
+  return {torch::randn({spec.batch, spec.layers.front()}),
+          torch::randint(0, spec.layers.back(), {spec.batch}, torch::kLong)};
+}
+
+Shard shardOf(std::int64_t batch, int rank, int n) {
+  return {batch * rank / n, batch * (rank + 1) / n};
+}
+
+torch::Tensor loss(Mlp& model, const torch::Tensor& x, const torch::Tensor& y) {
+  return torch::cross_entropy_loss(model->forward(x), y);
+}
+
+torch::Tensor flatGrad(Mlp& model) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& p : model->parameters()) parts.push_back(p.grad().detach().flatten());
+  return torch::cat(parts).clone();
+}
+
+Row makeRow(const ModelSpec& spec, const char* mode, int workers, int threads, int steps) {
+  Row row;
+  row.model = spec.name;
+  row.mode = mode;
+  row.workers = workers;
+  row.params = paramCount(spec);
+  row.batch = spec.batch;
+  row.threads = threads;
+  row.steps = steps;
+  return row;
+}
+
+}  // namespace gradagg::bench

@@ -1,0 +1,78 @@
+// The bench's modes, one function each: every one trains (or reduces) one model
+// as its mode says and returns the row of medians the table and the JSON show
+// (bench/README.md has the columns). All take the model, its global batch and
+// the run's settings; they keep no state between calls.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gradagg/gradagg.h>
+
+#include "models.h"
+#include "placement.h"
+#include "report.h"
+
+namespace gradagg::bench {
+
+struct Config {
+  int workers = 2;
+  int steps = 20;
+  int warmup = 3;
+  int threads = 0;         // single mode; 0: all cores
+  std::int64_t batch = 0;  // 0: the model's default
+  std::vector<ModelSpec> models;
+  std::set<std::string> modes;
+  std::string json;
+  bool check = false;
+  bool short_run = false;
+  int cores = 1;
+  std::string reduce_dtype = "float32";  // reduce-only: float32, bf16 or fp16
+  int accumulate = 1;                    // shm: micro-batches per worker and step
+  Placement placement;                   // the nodes' and Gloo peers' CPUs and network
+};
+
+// Intra-op threads of each forked peer or worker: the cores shared among them.
+inline int peerThreads(const Config& cfg) { return std::max(1, cfg.cores / cfg.workers); }
+
+using Clock = std::chrono::steady_clock;
+inline double msSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+using ModeFn = Row (*)(const ModelSpec& spec, const Data& data, const Config& cfg);
+
+// modes_local.cpp: one process, and gradagg's Aggregator on one node.
+Row runSingle(const ModelSpec& spec, const Data& data, const Config& cfg);
+Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg);
+// shm-1node: shm with shm-2nodes' workers per node, at the same per-worker batch
+// (on data of its own, half the global batch; `data` is not used).
+Row runShmOneNode(const ModelSpec& spec, const Data& data, const Config& cfg);
+// The shard function of the gradagg modes, over `model` and `data` (both outlive it).
+gradagg::ShardFn shmShard(Mlp& model, const Data& data, const ModelSpec& spec);
+
+// modes_nodes.cpp: two forked nodes of gradagg joined through c10d Gloo.
+Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg);
+// shm-2nodes-bf16: the float32 gradients cross as bf16 (NodeOptions::compression).
+Row runNodesBf16(const ModelSpec& spec, const Data& data, const Config& cfg);
+// shm-2nodes-after: the same buckets cross after backward (NodeOptions::overlap off).
+Row runNodesAfter(const ModelSpec& spec, const Data& data, const Config& cfg);
+
+// modes_gloo.cpp: forked c10d Gloo peers, DDP style.
+Row runGloo(const ModelSpec& spec, const Data& data, const Config& cfg);
+// One gloo step's mean gradient (the allreduced flat gradient, divided by N).
+torch::Tensor glooGradient(const ModelSpec& spec, const Data& data, const Config& cfg);
+// The median time of one Gloo allreduce of `count` floats among n forked
+// processes with `threads` intra-op threads, over `samples` calls after 3 unmeasured ones.
+double glooAllreduceMs(const Placement& placement, int n, std::size_t count, int samples,
+                       int threads);
+
+// modes_reduce.cpp: the reduction alone, and the check that shm and gloo agree.
+// reduce-only: `data` is not used (no training).
+Row runReduceOnly(const ModelSpec& spec, const Data& data, const Config& cfg);
+Row runCheck(const ModelSpec& spec, const Data& data, const Config& cfg);
+
+}  // namespace gradagg::bench
