@@ -102,6 +102,87 @@ void Checkpoint::save(torch::nn::Module& model, const torch::optim::Optimizer& o
   save(viewOf(model), &optimizer, state);
 }
 
+namespace {
+
+// What a checkpoint holds besides the optimizer state, as read (nothing applied yet).
+struct Saved {
+  std::vector<at::Tensor> params, buffers;
+  at::Tensor rng;
+};
+
+// Parses the archive: its format, settings, metadata, step, the model's names
+// (they must be `model`'s), every tensor and the generator's state.
+Saved readSaved(torch::serialize::InputArchive& archive, const std::string& payload,
+                const ModelView& model, TrainingState& state, const std::string& path) {
+  Saved saved;
+  try {
+    archive.load_from(payload.data(), payload.size());
+    c10::IValue v;
+    archive.read("format", v);
+    if (!v.isString() || v.toStringRef() != kFormat)
+      fail(path, fmt::format("is not a {} file", kFormat));
+    archive.read("settings", v);
+    state.settings = decode(v.toStringRef(), path);
+    archive.read("metadata", v);
+    state.metadata = decode(v.toStringRef(), path);
+    archive.read("step", v);
+    state.step = v.toInt();
+    archive.read("names", v);
+    if (v.toStringRef() != joinNames(model)) {
+      // Name the first parameter or buffer that differs.
+      std::istringstream theirs(v.toStringRef()), mine(joinNames(model));
+      std::string a, b;
+      while (std::getline(theirs, a) && std::getline(mine, b) && a == b) {
+      }
+      fail(path, fmt::format("holds a different model: '{}' where this model has '{}' "
+                             "(p: parameter, b: buffer, in order)",
+                             a, b));
+    }
+    saved.params.resize(model.parameters.size());
+    for (std::size_t i = 0; i < saved.params.size(); ++i)
+      archive.read(fmt::format("p{}", i), saved.params[i]);
+    saved.buffers.resize(model.buffers.size());
+    for (std::size_t i = 0; i < saved.buffers.size(); ++i)
+      archive.read(fmt::format("b{}", i), saved.buffers[i], /*is_buffer=*/true);
+    archive.read("rng", saved.rng);
+  } catch (const c10::Error& e) {
+    fail(path, fmt::format("cannot be parsed: {}", e.what_without_backtrace()));
+  }
+  return saved;
+}
+
+// The saved settings must be the caller's, key for key.
+void checkSettings(const std::map<std::string, std::string>& theirs,
+                   const std::map<std::string, std::string>& mine, const std::string& path) {
+  for (const auto& [key, value] : mine) {
+    const auto it = theirs.find(key);
+    if (it == theirs.end() || it->second != value)
+      fail(path, fmt::format("was written with {} = {}, this run has {} = {}; resume with the "
+                             "settings of the run that saved it",
+                             key, it == theirs.end() ? "(not set)" : it->second, key, value));
+  }
+  for (const auto& [key, value] : theirs)
+    if (mine.count(key) == 0)
+      fail(path, fmt::format("was written with {} = {}, this run does not set {}", key, value,
+                             key));
+}
+
+// Every saved tensor must have its model tensor's shape and dtype.
+void checkShapes(const ModelView& model, const Saved& saved, const std::string& path) {
+  auto check = [&](const NamedTensor& mine, const at::Tensor& theirs) {
+    if (!theirs.sizes().equals(mine.tensor.sizes()) ||
+        theirs.scalar_type() != mine.tensor.scalar_type())
+      fail(path, fmt::format("'{}' is {} there, {} in this model", mine.name,
+                             detail::describeShape(theirs.sizes(), theirs.scalar_type()),
+                             detail::describeShape(mine.tensor.sizes(),
+                                                   mine.tensor.scalar_type())));
+  };
+  for (std::size_t i = 0; i < saved.params.size(); ++i) check(model.parameters[i], saved.params[i]);
+  for (std::size_t i = 0; i < saved.buffers.size(); ++i) check(model.buffers[i], saved.buffers[i]);
+}
+
+}  // namespace
+
 TrainingState Checkpoint::load(const ModelView& model, torch::optim::Optimizer* optimizer,
                                const std::map<std::string, std::string>& settings) const {
   std::uint64_t crc = 0;
@@ -109,67 +190,10 @@ TrainingState Checkpoint::load(const ModelView& model, torch::optim::Optimizer* 
   torch::serialize::InputArchive archive;
   TrainingState state;
   state.identity = identityOf(crc, payload.size());
-  std::vector<at::Tensor> params, buffers;
-  at::Tensor rng;
-  try {
-    archive.load_from(payload.data(), payload.size());
-    c10::IValue v;
-    archive.read("format", v);
-    if (!v.isString() || v.toStringRef() != kFormat)
-      fail(path_, fmt::format("is not a {} file", kFormat));
-    archive.read("settings", v);
-    state.settings = decode(v.toStringRef(), path_);
-    archive.read("metadata", v);
-    state.metadata = decode(v.toStringRef(), path_);
-    archive.read("step", v);
-    state.step = v.toInt();
-    archive.read("names", v);
-    if (v.toStringRef() != joinNames(model)) {
-      // Name the first parameter or buffer that differs.
-      std::istringstream saved(v.toStringRef()), mine(joinNames(model));
-      std::string a, b;
-      while (std::getline(saved, a) && std::getline(mine, b) && a == b) {
-      }
-      fail(path_, fmt::format("holds a different model: '{}' where this model has '{}' "
-                              "(p: parameter, b: buffer, in order)",
-                              a, b));
-    }
-    for (std::size_t i = 0; i < model.parameters.size(); ++i) {
-      params.emplace_back();
-      archive.read(fmt::format("p{}", i), params.back());
-    }
-    for (std::size_t i = 0; i < model.buffers.size(); ++i) {
-      buffers.emplace_back();
-      archive.read(fmt::format("b{}", i), buffers.back(), /*is_buffer=*/true);
-    }
-    archive.read("rng", rng);
-  } catch (const c10::Error& e) {
-    fail(path_, fmt::format("cannot be parsed: {}", e.what_without_backtrace()));
-  }
+  const Saved saved = readSaved(archive, payload, model, state, path_);
   // Settings first, then every shape: nothing is changed before all fit.
-  for (const auto& [key, value] : settings) {
-    const auto it = state.settings.find(key);
-    if (it == state.settings.end() || it->second != value)
-      fail(path_, fmt::format("was written with {} = {}, this run has {} = {}; resume with the "
-                              "settings of the run that saved it",
-                              key, it == state.settings.end() ? "(not set)" : it->second, key,
-                              value));
-  }
-  for (const auto& [key, value] : state.settings)
-    if (settings.count(key) == 0)
-      fail(path_, fmt::format("was written with {} = {}, this run does not set {}", key, value,
-                              key));
-  auto check = [&](const NamedTensor& mine, const at::Tensor& saved) {
-    if (!saved.sizes().equals(mine.tensor.sizes()) ||
-        saved.scalar_type() != mine.tensor.scalar_type())
-      fail(path_, fmt::format("'{}' is {} there, {} in this model", mine.name,
-                              detail::describeShape(saved.sizes(), saved.scalar_type()),
-                              detail::describeShape(mine.tensor.sizes(),
-                                                    mine.tensor.scalar_type())));
-  };
-  for (std::size_t i = 0; i < params.size(); ++i) check(model.parameters[i], params[i]);
-  for (std::size_t i = 0; i < buffers.size(); ++i) check(model.buffers[i], buffers[i]);
-
+  checkSettings(state.settings, settings, path_);
+  checkShapes(model, saved, path_);
   try {
     if (optimizer != nullptr) {
       torch::serialize::InputArchive nested;
@@ -183,12 +207,14 @@ TrainingState Checkpoint::load(const ModelView& model, torch::optim::Optimizer* 
   }
   {
     at::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < params.size(); ++i) model.parameters[i].tensor.copy_(params[i]);
-    for (std::size_t i = 0; i < buffers.size(); ++i) model.buffers[i].tensor.copy_(buffers[i]);
+    for (std::size_t i = 0; i < saved.params.size(); ++i)
+      model.parameters[i].tensor.copy_(saved.params[i]);
+    for (std::size_t i = 0; i < saved.buffers.size(); ++i)
+      model.buffers[i].tensor.copy_(saved.buffers[i]);
   }
   auto generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(rng);
+  generator.set_state(saved.rng);
   return state;
 }
 

@@ -47,6 +47,50 @@ void saveMembers(const std::string& path, const std::vector<MemberSnapshot>& mem
   writeDurably(path, payload);
 }
 
+namespace {
+// Member r's sub-archive `a` as its latest snapshot in `area`.
+void loadMember(torch::serialize::InputArchive& a, const std::string& path, int r,
+                const std::vector<std::string>& hp_names, const ModelBinding& binding,
+                const PopLayout& layout, const MemberArea& area) {
+  at::Tensor meta, score, hp, opt;
+  a.read("meta", meta);
+  a.read("score", score);
+  a.read("hp", hp);
+  a.read("optimizer", opt, true);
+  if (static_cast<std::uint64_t>(opt.numel()) > layout.sizes.optimizer_bytes)
+    throw InvalidArgument(
+        fmt::format("resume_from {}: member {}'s optimizer state ({} bytes) "
+                    "exceeds optimizer_state_bytes",
+                    path, r, opt.numel()));
+  MetaValues m;
+  m.version = static_cast<std::uint64_t>(meta[0].item<std::int64_t>());
+  m.step = meta[1].item<std::int64_t>();
+  m.last_copy_step = meta[2].item<std::int64_t>();
+  m.score = score.item<double>();
+  m.optimizer_bytes = static_cast<std::uint64_t>(opt.numel());
+  m.hp_count = static_cast<std::uint32_t>(hp_names.size());
+  for (std::size_t k = 0; k < hp_names.size(); ++k)
+    m.hp[k] = hp[static_cast<std::int64_t>(k)].item<double>();
+  publish(area, m,
+          [&](std::byte* p) {
+            at::NoGradGuard no_grad;
+            for (std::size_t k = 0; k < binding.params().size(); ++k) {
+              at::Tensor t;
+              a.read(fmt::format("p{}", k), t);
+              viewAt(binding.params()[k], p).copy_(t);
+            }
+            for (std::size_t k = 0; k < binding.buffers().size(); ++k) {
+              at::Tensor t;
+              a.read(fmt::format("b{}", k), t, true);
+              viewAt(binding.buffers()[k], layout.buffersIn(p)).copy_(t);
+            }
+            if (opt.numel() > 0)
+              std::memcpy(layout.optimizerIn(p), opt.data_ptr(), opt.numel());
+          },
+          {});
+}
+}  // namespace
+
 void loadMembers(const std::string& path, int workers, const std::vector<std::string>& hp_names,
                const ModelBinding& binding, const PopLayout& layout,
                const std::function<MemberArea(int)>& area) {
@@ -72,42 +116,7 @@ void loadMembers(const std::string& path, int workers, const std::vector<std::st
   for (int r = 0; r < workers; ++r) {
     torch::serialize::InputArchive a;
     root.read(fmt::format("member{}", r), a);
-    at::Tensor meta, score, hp, opt;
-    a.read("meta", meta);
-    a.read("score", score);
-    a.read("hp", hp);
-    a.read("optimizer", opt, true);
-    if (static_cast<std::uint64_t>(opt.numel()) > layout.sizes.optimizer_bytes)
-      throw InvalidArgument(
-          fmt::format("resume_from {}: member {}'s optimizer state ({} bytes) "
-                      "exceeds optimizer_state_bytes",
-                      path, r, opt.numel()));
-    MetaValues m;
-    m.version = static_cast<std::uint64_t>(meta[0].item<std::int64_t>());
-    m.step = meta[1].item<std::int64_t>();
-    m.last_copy_step = meta[2].item<std::int64_t>();
-    m.score = score.item<double>();
-    m.optimizer_bytes = static_cast<std::uint64_t>(opt.numel());
-    m.hp_count = static_cast<std::uint32_t>(hp_names.size());
-    for (std::size_t k = 0; k < hp_names.size(); ++k)
-      m.hp[k] = hp[static_cast<std::int64_t>(k)].item<double>();
-    publish(area(r), m,
-            [&](std::byte* p) {
-              at::NoGradGuard no_grad;
-              for (std::size_t k = 0; k < binding.params().size(); ++k) {
-                at::Tensor t;
-                a.read(fmt::format("p{}", k), t);
-                viewAt(binding.params()[k], p).copy_(t);
-              }
-              for (std::size_t k = 0; k < binding.buffers().size(); ++k) {
-                at::Tensor t;
-                a.read(fmt::format("b{}", k), t, true);
-                viewAt(binding.buffers()[k], layout.buffersIn(p)).copy_(t);
-              }
-              if (opt.numel() > 0)
-                std::memcpy(layout.optimizerIn(p), opt.data_ptr(), opt.numel());
-            },
-            {});
+    loadMember(a, path, r, hp_names, binding, layout, area(r));
   }
 }
 

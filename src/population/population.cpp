@@ -90,8 +90,15 @@ struct Population::Impl {
           "are required");
     binding =
         std::make_unique<ModelBinding>(viewOf(m));  // lists tensors; never adopt(): weights stay private
-    const int n = options.workers;
-    for (int r = 0; r < n; ++r) {
+    drawHyperparams();
+    mapSegment();
+    if (!options.lineage_path.empty()) openLineage();
+    startMembers();
+  }
+
+  // Every member's initial hyperparameters, from (seed, rank); the same names for all.
+  void drawHyperparams() {
+    for (int r = 0; r < options.workers; ++r) {
       DecisionRng rng = DecisionRng::derive(options.seed, r, -1, kStreamHyperparams);
       initial_hp.push_back(fns.hyperparams(r, rng));
       std::vector<std::string> names;
@@ -104,8 +111,13 @@ struct Population::Impl {
     if (hp_names.size() > static_cast<std::size_t>(PopulationOptions::kMaxHyperparams))
       throw InvalidArgument(fmt::format("PopulationFns::hyperparams: {} names, at most {}",
                                         hp_names.size(), PopulationOptions::kMaxHyperparams));
+  }
+
+  // The segment and its header; a resume writes each member's checkpointed
+  // state as its latest snapshot.
+  void mapSegment() {
     PopSizes sizes;
-    sizes.workers = static_cast<std::uint32_t>(n);
+    sizes.workers = static_cast<std::uint32_t>(options.workers);
     sizes.hp_count = static_cast<std::uint32_t>(hp_names.size());
     for (const auto& e : binding->params())
       sizes.param_bytes = std::max(sizes.param_bytes, e.offset + alignUp(e.bytes, kAlign));
@@ -118,48 +130,41 @@ struct Population::Impl {
     h.magic = kPopMagic;
     h.layout_version = kPopLayoutVersion;
     h.layout = layout;
-    if (!options.resume_from.empty()) {
-      loadMembers(options.resume_from, options.workers, hp_names, *binding, layout,
-                  [this](int r) { return area(r); });
-      h.resumed = 1;
-    }
-    if (!options.lineage_path.empty()) {
-      lineage_fd =
-          ::open(options.lineage_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      if (lineage_fd < 0)
-        throw FileError(fmt::format("gradagg: cannot open the lineage file {}: {}",
-                                    options.lineage_path, std::strerror(errno)),
-                        options.lineage_path);
-    }
+    if (options.resume_from.empty()) return;
+    loadMembers(options.resume_from, options.workers, hp_names, *binding, layout,
+                [this](int r) { return area(r); });
+    h.resumed = 1;
+  }
+
+  void openLineage() {
+    lineage_fd =
+        ::open(options.lineage_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (lineage_fd < 0)
+      throw FileError(fmt::format("gradagg: cannot open the lineage file {}: {}",
+                                  options.lineage_path, std::strerror(errno)),
+                      options.lineage_path);
+  }
+
+  // Forks every member and waits until each has published its first snapshot.
+  void startMembers() {
+    const int n = options.workers;
     const int threads = options.threads_per_worker > 0 ? options.threads_per_worker
                                                        : std::max(1, availableCores() / n);
-    setups.resize(static_cast<std::size_t>(n));
-    for (int r = 0; r < n; ++r) {
-      MemberSetup& s = setups[static_cast<std::size_t>(r)];
-      s = MemberSetup{r,
-                      segment.base(),
-                      layout,
-                      binding.get(),
-                      model,
-                      &fns,
-                      &options,
-                      &hp_names,
-                      initial_hp[static_cast<std::size_t>(r)],
-                      0,
-                      ::getpid(),
-                      threads};
-    }
+    for (int r = 0; r < n; ++r)
+      setups.push_back(MemberSetup{r, segment.base(), layout, binding.get(), model, &fns,
+                                   &options, &hp_names, initial_hp[static_cast<std::size_t>(r)],
+                                   0, ::getpid(), threads});
     std::vector<WorkerWords> words;
     for (int r = 0; r < n; ++r)
       words.push_back({&area(r).control->phase, &area(r).control->done_seq});
-    channel = ParentChannel(h.command_seq, std::move(words), processes,
+    channel = ParentChannel(header().command_seq, std::move(words), processes,
                             ChannelNames{"population member", "members", std::nullopt});
     channel.onDeath([this](int r, const ProcessExit&) {
       if (!restart_allowed || restarts >= options.max_restarts) return false;
       restart(r);
       return true;
     });
-    channel.prepareStart({{&h.remaining}});
+    channel.prepareStart({{&header().remaining}});
     for (int r = 0; r < n; ++r) {
       setups[r].start_seq = channel.seq();
       area(r).control->pid = processes.spawn([&s = setups[r]] { return runMember(s); });

@@ -4,8 +4,10 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -59,6 +61,10 @@ struct Environment {
     out = static_cast<T>(n);
     return true;
   }
+  // Integer fields, each from its variable in turn (a later one wins).
+  static void integers(std::initializer_list<std::pair<const char*, int*>> fields) {
+    for (const auto& [name, field] : fields) number(name, *field);
+  }
   static void bytes(const char* name, std::uint64_t& out) {
     long long v = static_cast<long long>(out);
     if (!number(name, v)) return;
@@ -71,8 +77,7 @@ struct Environment {
 // Slurm (srun, one task per node): SLURM_NNODES, SLURM_NODEID, the first host
 // of SLURM_JOB_NODELIST as node 0.
 void fromSlurm(NodeOptions& o) {
-  Environment::number("SLURM_NNODES", o.nodes);
-  Environment::number("SLURM_NODEID", o.node_rank);
+  Environment::integers({{"SLURM_NNODES", &o.nodes}, {"SLURM_NODEID", &o.node_rank}});
   if (const char* list = Environment::get("SLURM_JOB_NODELIST")) o.master_addr = firstSlurmHost(list);
 }
 
@@ -80,11 +85,11 @@ void fromSlurm(NodeOptions& o) {
 // parent. GROUP_WORLD_SIZE / GROUP_RANK (NODE_RANK elsewhere), MASTER_ADDR,
 // MASTER_PORT; with its static rendezvous its agent serves the store.
 void fromTorchrun(NodeOptions& o) {
-  Environment::number("GROUP_WORLD_SIZE", o.nodes);
-  Environment::number("NODE_RANK", o.node_rank);
-  Environment::number("GROUP_RANK", o.node_rank);
+  Environment::integers({{"GROUP_WORLD_SIZE", &o.nodes},
+                         {"NODE_RANK", &o.node_rank},
+                         {"GROUP_RANK", &o.node_rank},
+                         {"MASTER_PORT", &o.master_port}});
   Environment::text("MASTER_ADDR", o.master_addr);
-  Environment::number("MASTER_PORT", o.master_port);
   std::string agent_store;
   if (Environment::text("TORCHELASTIC_USE_AGENT_STORE", agent_store))
     o.external_store = agent_store == "True";
@@ -95,14 +100,14 @@ void fromTorchrun(NodeOptions& o) {
 
 // gradagg's own (docs/multinode.md).
 void fromGradagg(NodeOptions& o) {
-  Environment::number("GRADAGG_NNODES", o.nodes);
-  Environment::number("GRADAGG_NODE_RANK", o.node_rank);
+  Environment::integers({{"GRADAGG_NNODES", &o.nodes},
+                         {"GRADAGG_NODE_RANK", &o.node_rank},
+                         {"GRADAGG_CHECKSUM_INTERVAL", &o.checksum_interval}});
   Environment::text("GRADAGG_STORE_PATH", o.store_path);
   Environment::text("GRADAGG_SOCKET_IFNAME", o.interface);
   long long timeout_ms = o.timeout.count();
   Environment::number("GRADAGG_NODE_TIMEOUT_MS", timeout_ms);
   o.timeout = std::chrono::milliseconds(timeout_ms);
-  Environment::number("GRADAGG_CHECKSUM_INTERVAL", o.checksum_interval);
   std::string compression;
   if (Environment::text("GRADAGG_COMPRESSION", compression)) {
     if (compression != "none" && compression != "bf16")

@@ -59,65 +59,81 @@ std::string message(const std::exception& e) {
 }
 }  // namespace
 
+namespace {
+using SteadyClock = std::chrono::steady_clock;
+
+// What is left of the rendezvous' deadline (at least 1 ms).
+struct Deadline {
+  SteadyClock::time_point at;
+  std::chrono::milliseconds left() const {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(at - SteadyClock::now()));
+  }
+};
+
+// The store: a FileStore at o.store_path, or the TCPStore node 0 serves.
+c10::intrusive_ptr<c10d::Store> openStore(const NodeOptions& o, const Deadline& deadline) {
+  if (!o.store_path.empty()) return c10::make_intrusive<c10d::FileStore>(o.store_path, o.nodes);
+  c10d::TCPStoreOptions t;
+  t.port = static_cast<std::uint16_t>(o.master_port);
+  t.isServer = o.node_rank == 0 && !o.external_store;
+  t.numWorkers = o.nodes;
+  t.waitWorkers = false;  // the barrier in the constructor waits, with the deadline
+  // c10d's client gives up connecting up to a second or two before its
+  // timeout; a node 0 that starts late still counts until ours.
+  for (;;) {
+    t.timeout = deadline.left();
+    try {
+      return c10::make_intrusive<c10d::TCPStore>(o.master_addr, t);
+    } catch (const std::exception&) {
+      if (t.isServer || deadline.left() < std::chrono::milliseconds(100)) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+}
+
+// c10d's group (the start-up exchanges, the checksums) and the step's own gloo
+// context, both over `store`; the deadline's rest for each.
+void connectGroups(const NodeOptions& o, const c10::intrusive_ptr<c10d::Store>& store,
+                   c10d::Store& base, const Deadline& deadline,
+                   c10::intrusive_ptr<c10d::ProcessGroupGloo>& group,
+                   std::shared_ptr<::gloo::rendezvous::Context>& context) {
+  auto options = c10d::ProcessGroupGloo::Options::create(o.timeout);
+  options->devices.push_back(o.interface.empty()
+                                 ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                 : c10d::ProcessGroupGloo::createDeviceForInterface(o.interface));
+  options->threads = 2;
+  group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.node_rank, o.nodes, options);
+  base.setTimeout(deadline.left());
+  GlooStore step_store(c10::make_intrusive<c10d::PrefixStore>("step", store));
+  context = std::make_shared<::gloo::rendezvous::Context>(o.node_rank, o.nodes);
+  context->setTimeout(deadline.left());
+  context->connectFullMesh(step_store, options->devices.front());
+  context->setTimeout(o.timeout);
+}
+}  // namespace
+
 NodeGroup::NodeGroup(const NodeOptions& o)
     : impl_(std::make_unique<Impl>()), rank_(o.node_rank), size_(o.nodes), timeout_(o.timeout) {
   // The rendezvous as a whole honours o.timeout: each of its stages (the store,
   // c10d's group, the step's gloo mesh) gets what is left of it.
-  using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + o.timeout;
-  const auto left = [&] {
-    return std::max(std::chrono::milliseconds(1),
-                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-  };
+  const Deadline deadline{SteadyClock::now() + o.timeout};
   try {
-    c10::intrusive_ptr<c10d::Store> base;
-    if (!o.store_path.empty()) {
-      base = c10::make_intrusive<c10d::FileStore>(o.store_path, o.nodes);
-    } else {
-      c10d::TCPStoreOptions t;
-      t.port = static_cast<std::uint16_t>(o.master_port);
-      t.isServer = o.node_rank == 0 && !o.external_store;
-      t.numWorkers = o.nodes;
-      t.waitWorkers = false;  // the barrier below waits, with the deadline
-      // c10d's client gives up connecting up to a second or two before its
-      // timeout; a node 0 that starts late still counts until ours.
-      for (;;) {
-        t.timeout = left();
-        try {
-          base = c10::make_intrusive<c10d::TCPStore>(o.master_addr, t);
-          break;
-        } catch (const std::exception&) {
-          if (t.isServer || left() < std::chrono::milliseconds(100)) throw;
-          std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        }
-      }
-    }
+    c10::intrusive_ptr<c10d::Store> base = openStore(o, deadline);
     // Every node arrives, or none proceeds: a barrier on the store, within the
     // deadline. After it c10d's group and the gloo mesh connect to nodes known
     // to be there.
-    base->setTimeout(left());
+    base->setTimeout(deadline.left());
     base->set(fmt::format("{}/arrived/{}", o.store_prefix, o.node_rank),
               std::vector<std::uint8_t>{1});
     std::vector<std::string> arrived;
     for (int r = 0; r < o.nodes; ++r)
       arrived.push_back(fmt::format("{}/arrived/{}", o.store_prefix, r));
-    base->wait(arrived, left());
-    base->setTimeout(left());
+    base->wait(arrived, deadline.left());
+    base->setTimeout(deadline.left());
     impl_->store = c10::make_intrusive<c10d::PrefixStore>(o.store_prefix, base);
-    auto options = c10d::ProcessGroupGloo::Options::create(o.timeout);
-    options->devices.push_back(o.interface.empty()
-                                   ? c10d::ProcessGroupGloo::createDefaultDevice()
-                                   : c10d::ProcessGroupGloo::createDeviceForInterface(o.interface));
-    options->threads = 2;
-    impl_->group =
-        c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, o.node_rank, o.nodes, options);
-    base->setTimeout(left());
-    GlooStore step_store(c10::make_intrusive<c10d::PrefixStore>("step", impl_->store));
-    impl_->context = std::make_shared<::gloo::rendezvous::Context>(o.node_rank, o.nodes);
-    impl_->context->setTimeout(left());
-    impl_->context->connectFullMesh(step_store, options->devices.front());
-    impl_->context->setTimeout(o.timeout);
-    base->setTimeout(left());  // the start-up exchanges; endRendezvous() restores it
+    connectGroups(o, impl_->store, *base, deadline, impl_->group, impl_->context);
+    base->setTimeout(deadline.left());  // the start-up exchanges; endRendezvous() restores it
     impl_->base = base;
   } catch (const std::exception& e) {
     throw NodeFailed(
@@ -143,9 +159,9 @@ void NodeGroup::fail(const char* what, const std::exception& e) const {
 }
 
 template <typename F>
-void NodeGroup::guarded(const char* what, F&& f) const {
+auto NodeGroup::guarded(const char* what, F&& f) const -> decltype(f()) {
   try {
-    f();
+    return f();
   } catch (const std::exception& e) {
     fail(what, e);
   }
@@ -205,7 +221,7 @@ void NodeGroup::broadcastFromNode0(at::Tensor& t, const char* what) {
 }
 
 std::vector<std::int64_t> NodeGroup::allgather(std::int64_t value, const char* what) {
-  try {
+  return guarded(what, [&] {
     std::vector<at::Tensor> input{at::full({1}, value, at::kLong)};
     std::vector<std::vector<at::Tensor>> output(1);
     for (int r = 0; r < size_; ++r) output[0].push_back(at::empty({1}, at::kLong));
@@ -213,13 +229,12 @@ std::vector<std::int64_t> NodeGroup::allgather(std::int64_t value, const char* w
     std::vector<std::int64_t> out;
     for (const auto& t : output[0]) out.push_back(t.item<std::int64_t>());
     return out;
-  } catch (const std::exception& e) {
-    fail(what, e);
-  }
+  });
 }
 
 std::vector<std::string> NodeGroup::exchange(const std::string& key, const std::string& value) {
-  try {
+  const std::string what = "exchanging " + key;
+  return guarded(what.c_str(), [&] {
     impl_->store->set(fmt::format("{}/{}", key, rank_),
                       std::vector<std::uint8_t>(value.begin(), value.end()));
     std::vector<std::string> out;
@@ -228,9 +243,7 @@ std::vector<std::string> NodeGroup::exchange(const std::string& key, const std::
       out.emplace_back(bytes.begin(), bytes.end());
     }
     return out;
-  } catch (const std::exception& e) {
-    fail(("exchanging " + key).c_str(), e);
-  }
+  });
 }
 
 }  // namespace gradagg::detail

@@ -49,9 +49,9 @@ class NodeGroup {
 
  private:
   [[noreturn]] void fail(const char* what, const std::exception& e) const;
-  // Runs f(); what it throws becomes fail(what, ...). Used in node_group.cpp only.
+  // Returns f(); what it throws becomes fail(what, ...). Used in node_group.cpp only.
   template <typename F>
-  void guarded(const char* what, F&& f) const;
+  auto guarded(const char* what, F&& f) const -> decltype(f());
 
   struct Impl;
   std::unique_ptr<Impl> impl_;
