@@ -264,11 +264,12 @@ struct Aggregator::Impl {
     if (local.failed >= 0) throw workerFailed(local.failed);
     if (all.failed) throw elsewhere("a worker on another node failed", "");
     if (all.non_finite) return skipOrRaise(local.non_finite, all, times);
+    // The stage's last collective, before anything the user sees changes.
+    if (options.buffers == BufferSync::kFromRank0) stage().shareFirstBuffers(map.slotBuffers(0));
     report.consecutive_skips = 0;
     report.skipped = false;
     apply->gradients(results.fresh(), any_grad);
     results.flip();
-    if (options.buffers == BufferSync::kFromRank0) stage().shareFirstBuffers(map.slotBuffers(0));
     apply->buffers();
     apply->report(report, steps_done, all, times);
     ++steps_done;
