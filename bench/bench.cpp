@@ -94,6 +94,9 @@ void addHowItRuns(CLI::App& app, Config& cfg) {
                  "shm: each worker's share of the batch as this many micro-batches, accumulated "
                  "(Options::accumulation_steps)")
       ->check(CLI::Range(1, 1024));
+  app.add_option("--message-bytes", cfg.message_bytes,
+                 "shm: step(message) with one float32 tensor of this many bytes (0: step())")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
   app.add_option("--reduce-dtype", cfg.reduce_dtype,
                  "element type of the reduce-only slots: float32, bf16 or fp16")
       ->check(CLI::IsMember({"float32", "bf16", "fp16"}));

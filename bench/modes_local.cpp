@@ -110,11 +110,14 @@ Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
   gradagg::Options options;
   options.workers = cfg.workers;
   options.accumulation_steps = cfg.accumulate;
+  options.message_bytes = std::max<std::uint64_t>(options.message_bytes, cfg.message_bytes + 4096);
   gradagg::Aggregator agg(*model, shmShard(model, data, spec), options);
+  gradagg::Message message;  // the parent's per-step data, copied into the segment each step
+  if (cfg.message_bytes > 0) message.set("payload", torch::ones({cfg.message_bytes / 4}));
   ShmSamples samples;
   for (int s = 0; s < cfg.warmup + cfg.steps; ++s) {
     const auto t0 = Clock::now();
-    const gradagg::StepReport& r = agg.step();
+    const gradagg::StepReport& r = agg.step(message);
     const auto t1 = Clock::now();
     opt.step();
     if (s < cfg.warmup) continue;
@@ -124,6 +127,7 @@ Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
   Row row = makeRow(spec, "shm", cfg.workers, agg.options().resolvedThreadsPerWorker(), cfg.steps);
   samples.fill(row);
   if (cfg.accumulate > 1) row.mode += "-acc" + std::to_string(cfg.accumulate);  // shm-acc4
+  if (cfg.message_bytes > 0) row.mode += "-msg" + std::to_string(cfg.message_bytes);
   return row;
 }
 

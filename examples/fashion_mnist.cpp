@@ -160,7 +160,7 @@ int run(int argc, char** argv) {
     checkMetrics();
     if (!has_header) {
       metrics << "epoch,train_loss,test_loss,test_accuracy,train_seconds,epoch_seconds,"
-                 "samples_per_s,mode,workers,batch\n";
+                 "samples_per_s,mode,workers,batch,train_accuracy\n";
       metrics.flush();
       checkMetrics();
     }
@@ -173,16 +173,17 @@ int run(int argc, char** argv) {
   callbacks.on_epoch = [&](const fashion::EpochResult& r) {
     display.clear();
     fmt::print(
-        "epoch {}/{}  train loss {:.4f}  test loss {:.4f}  test accuracy {:.4f}  "
-        "{:.1f} s ({:.1f} s training, {:.0f} samples/s)\n",
-        r.epoch + 1, config.epochs, r.train_loss, r.test_loss, r.test_accuracy, r.epoch_seconds,
-        r.train_seconds, r.samples_per_s);
+        "epoch {}/{}  train loss {:.4f}  train accuracy {:.4f}  test loss {:.4f}  "
+        "test accuracy {:.4f}  {:.1f} s ({:.1f} s training, {:.0f} samples/s)\n",
+        r.epoch + 1, config.epochs, r.train_loss, r.train_accuracy, r.test_loss, r.test_accuracy,
+        r.epoch_seconds, r.train_seconds, r.samples_per_s);
     std::fflush(stdout);
     if (metrics.is_open()) {
-      metrics << fmt::format("{},{:.6f},{:.6f},{:.4f},{:.3f},{:.3f},{:.1f},{},{},{}\n", r.epoch + 1,
-                             r.train_loss, r.test_loss, r.test_accuracy, r.train_seconds,
-                             r.epoch_seconds, r.samples_per_s, config.single ? "single" : "gradagg",
-                             config.workers, config.batch);
+      metrics << fmt::format("{},{:.6f},{:.6f},{:.4f},{:.3f},{:.3f},{:.1f},{},{},{},{:.4f}\n",
+                             r.epoch + 1, r.train_loss, r.test_loss, r.test_accuracy,
+                             r.train_seconds, r.epoch_seconds, r.samples_per_s,
+                             config.single ? "single" : "gradagg", config.workers, config.batch,
+                             r.train_accuracy);
       metrics.flush();
       checkMetrics();  // a full disk ends the run (exit 4); the last checkpoint stays
     }

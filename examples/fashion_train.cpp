@@ -52,7 +52,7 @@ EpochPlan planEpoch(std::int64_t n, int workers, int batch) {
   const std::int64_t global = std::int64_t{workers} * batch;
   plan.full_steps = n / global;
   const std::int64_t rest = n % global;
-  plan.tail = rest >= workers ? rest : 0;
+  plan.tail = rest;
   plan.steps = plan.full_steps + (plan.tail > 0 ? 1 : 0);
   return plan;
 }
@@ -99,6 +99,7 @@ struct Progress {
   std::int64_t step = 0;      // steps done in all
   double epoch_loss_sum = 0;  // sum of loss * samples over the current epoch's steps
   std::int64_t epoch_samples = 0;
+  std::int64_t epoch_correct = 0;  // training samples classified right (StepReport::metrics)
   double epoch_train_seconds = 0;
 };
 
@@ -121,6 +122,7 @@ std::map<std::string, std::string> trajectorySettings(const TrainConfig& c) {
 std::map<std::string, std::string> metadataOf(const Progress& p) {
   return {{"epoch_loss_sum", fmt::format("{}", p.epoch_loss_sum)},
           {"epoch_samples", std::to_string(p.epoch_samples)},
+          {"epoch_correct", std::to_string(p.epoch_correct)},
           {"epoch_train_seconds", fmt::format("{}", p.epoch_train_seconds)}};
 }
 
@@ -130,6 +132,8 @@ Progress progressOf(const gradagg::TrainingState& state, const std::string& path
     p.step = state.step;
     p.epoch_loss_sum = std::stod(state.metadata.at("epoch_loss_sum"));
     p.epoch_samples = std::stoll(state.metadata.at("epoch_samples"));
+    const auto correct = state.metadata.find("epoch_correct");  // older checkpoints: none
+    p.epoch_correct = correct == state.metadata.end() ? 0 : std::stoll(correct->second);
     p.epoch_train_seconds = std::stod(state.metadata.at("epoch_train_seconds"));
     return p;
   } catch (const std::exception&) {
@@ -238,7 +242,6 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
     nodes.resume_identity = state.identity;
     progress = progressOf(state, config.resume);
   }
-  nodes.start_step = progress.step;
   const std::int64_t first_step = progress.step;
   const std::int64_t first_epoch = first_step / plan.steps;
 
@@ -273,10 +276,14 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   };
 
   // Runs in worker ctx.rank on its replica: `model` and the data are its own copies.
-  // gradagg counts its steps from 0, so a resumed run adds first_step.
+  // ctx.step is the global step (Options::start_step = the resumed step).
+  // The last step of an epoch may leave a worker no rows: it returns 0 samples.
   auto shard = [&](const gradagg::ShardContext& ctx) {
-    const auto [x, y] = batchOf(first_step + ctx.step, ctx.global_rank);
-    return gradagg::ShardResult{crossEntropy(model->forward(x), y), x.size(0)};
+    const auto [x, y] = batchOf(ctx.step, ctx.global_rank);
+    if (x.size(0) == 0) return gradagg::ShardResult{torch::Tensor(), 0};
+    const auto logits = model->forward(x);
+    const double correct = logits.argmax(1).eq(y).sum().item<double>();
+    return gradagg::ShardResult{crossEntropy(logits, y), x.size(0), {{"correct", correct}}};
   };
 
   if (config.single && config.threads > 0) torch::set_num_threads(config.threads);
@@ -285,6 +292,7 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
     gradagg::Options options;
     options.workers = config.workers;
     options.nodes = nodes;
+    options.start_step = progress.step;
     options.step_timeout = std::chrono::seconds(config.step_timeout_s);
     options.threads_per_worker = config.threads;  // 0: cores / workers
     aggregator.emplace(*model, shard, options);
@@ -298,25 +306,29 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
     const std::int64_t epoch = progress.step / plan.steps;
     const auto step_start = Clock::now();
     double loss = 0;
-    std::int64_t samples = 0;
+    std::int64_t samples = 0, correct = 0;
     if (aggregator) {
       const gradagg::StepReport& report =
           aggregator->step();  // .grad = mean over all workers' samples
       optimizer->step();
       loss = report.loss;
       samples = report.samples;
+      correct = static_cast<std::int64_t>(report.metrics.at("correct"));  // over all workers
     } else {
       const auto [x, y] = batchOf(progress.step, -1);
       optimizer->zero_grad();
-      auto batch_loss = crossEntropy(model->forward(x), y);
+      const auto logits = model->forward(x);
+      auto batch_loss = crossEntropy(logits, y);
       batch_loss.backward();
       optimizer->step();
       loss = batch_loss.item<double>();
       samples = x.size(0);
+      correct = logits.argmax(1).eq(y).sum().item<std::int64_t>();
     }
     progress.epoch_train_seconds += secondsSince(step_start);
     progress.epoch_loss_sum += loss * static_cast<double>(samples);
     progress.epoch_samples += samples;
+    progress.epoch_correct += correct;
     ++progress.step;
 
     if (callbacks.on_step) {
@@ -342,6 +354,8 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
       EpochResult r;
       r.epoch = static_cast<int>(epoch);
       r.train_loss = progress.epoch_loss_sum / static_cast<double>(progress.epoch_samples);
+      r.train_accuracy =
+          static_cast<double>(progress.epoch_correct) / static_cast<double>(progress.epoch_samples);
       r.test_loss = eval.loss;
       r.test_accuracy = eval.accuracy;
       r.train_seconds = progress.epoch_train_seconds;
@@ -350,7 +364,7 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
       r.samples_per_s = static_cast<double>(r.samples) / r.train_seconds;
       result.epochs.push_back(r);
       if (callbacks.on_epoch) callbacks.on_epoch(r);
-      progress = Progress{progress.step, 0, 0, 0};
+      progress = Progress{progress.step};
     }
     const bool stop = (config.stop_after > 0 && progress.step >= config.stop_after) ||
                       (callbacks.should_stop && callbacks.should_stop());

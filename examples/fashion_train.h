@@ -10,9 +10,10 @@
 //  - The permutation is dealt out in blocks of B samples: at step s of the epoch
 //    worker r takes block s * W + r, i.e. positions [s*G + r*B, s*G + (r+1)*B).
 //    Over an epoch worker r's shard is every W-th block.
-//  - An epoch has n / G full steps. The remaining n % G samples, if at least W,
-//    make one last step, split as evenly as possible in rank order; fewer than W
-//    are left out of that epoch (the next permutation reaches them).
+//  - An epoch has n / G full steps. The remaining n % G samples make one last
+//    step, split as evenly as possible in rank order; with fewer than W of them
+//    some workers have none and return 0 samples (gradagg averages over the
+//    samples that exist).
 //  - Single-process mode (`single`) takes the same G samples per step in one
 //    batch, so both compute the same mean gradient of the same samples.
 // The shard function therefore depends only on (rank, step) and read-only data:
@@ -74,6 +75,7 @@ struct StepProgress {
 struct EpochResult {
   int epoch = 0;          // 0-based
   double train_loss = 0;  // mean over the epoch's training samples
+  double train_accuracy = 0;  // of the training samples, as the model was at their step
   double test_loss = 0;   // mean over the test set, after the epoch
   double test_accuracy = 0;
   double train_seconds = 0;  // the steps only (no evaluation)

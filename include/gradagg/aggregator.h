@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include <gradagg/message.h>
 #include <gradagg/model.h>
 #include <gradagg/options.h>
 #include <gradagg/shard.h>
@@ -41,14 +42,21 @@ class Aggregator {
   // and buffers, and each parameter's .grad becomes the weighted mean gradient
   // (undefined where no worker produced one). Call optimizer.step() after it.
   // On any error nothing is changed: not the parameters, not .grad, not the buffers.
-  // The report is reused by the next step.
+  // The report is reused by the next step. Its step is the global step
+  // (Options::start_step, then one more each step that went through).
   const StepReport& step();
+  // The same, with a message the shard functions read as ctx.message
+  // (gradagg/message.h). A message that does not fit Options::message_bytes,
+  // or a tensor that cannot travel, is an InvalidArgument before anything runs.
+  const StepReport& step(const Message& message);
 
   // Stops the workers (idempotent). step() afterwards throws NotUsable.
   void shutdown();
 
   bool usable() const noexcept;
   int workers() const noexcept;
+  // The global step the next step() computes: Options::start_step plus the
+  // steps that went through (skipped ones included).
   std::int64_t stepsDone() const noexcept;
   const Options& options() const noexcept;
   // Intra-op threads each worker runs (Options::threads_per_worker, resolved).

@@ -85,15 +85,13 @@ struct NodeOptions {
   bool overlap = true;
 
   // What every node must agree on before a step runs. At the rendezvous the
-  // nodes compare them; any difference is an InvalidArgument on every node
-  // naming the field and what each node has, before any state changes.
-  //  - start_step: the steps done before this run (a resumed run: the
-  //    checkpoint's TrainingState::step; a fresh one: 0);
+  // nodes compare them (and Options::start_step); any difference is an
+  // InvalidArgument on every node naming the field and what each node has,
+  // before any state changes.
   //  - resume_identity: "" for a fresh start, else Checkpoint::identity() of
   //    the file this node resumed from (the same file on every node);
   //  - must_match: the application's settings that change the training
   //    (seed, data, batch, epochs, ...), as text.
-  std::int64_t start_step = 0;
   std::string resume_identity;
   std::map<std::string, std::string> must_match;
 
@@ -167,6 +165,17 @@ struct Options {
   // silently untrained model. LibTorch builds that list anew (a few small
   // allocations per parameter); false makes step() allocation-free.
   bool check_parameter_list = true;
+
+  // The global step of the first step() (ShardContext::step, StepReport::step,
+  // the workers' seeds): the steps done before this run. A resumed run gives
+  // the checkpoint's TrainingState::step, so it draws the dropout masks and
+  // reads the batches of the run that was never stopped, bit for bit. Across
+  // nodes every node must give the same (compared at the rendezvous).
+  std::int64_t start_step = 0;
+  // Room in the segment for the message of a step (step(message),
+  // gradagg/message.h): its tensors' bytes, each rounded up to 64, and 152 bytes per entry. A message
+  // that does not fit is an InvalidArgument before anything runs.
+  std::uint64_t message_bytes = 64 << 10;
 
   static constexpr int kMaxWorkers = 256;
 

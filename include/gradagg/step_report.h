@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 namespace gradagg {
@@ -17,10 +19,13 @@ struct WorkerReport {
   double write_ms = 0;       // checking the slot (shapes, finiteness), loss and buffers
   double barrier_ms = 0;     // waiting for the other workers' slots
   double reduce_ms = 0;      // summing this worker's range over all slots
+  // ShardResult::metrics (summed over the micro-batches); the agreed names
+  // with 0 where the worker returned none (0 samples).
+  std::map<std::string, double> metrics;
 };
 
 struct StepReport {
-  std::int64_t step = 0;      // 0 for the first step
+  std::int64_t step = 0;      // the global step (Options::start_step for the first)
   double loss = 0;            // mean of the worker losses with the step's weights
   std::int64_t samples = 0;   // sum over workers
   double publish_ms = 0;      // parent: checking the snapshot (and, across nodes, the checksum)
@@ -38,6 +43,8 @@ struct StepReport {
   int consecutive_skips = 0;  // skipped steps in a row, this one included
   std::int64_t skipped_total = 0;
   int restarts = 0;                   // worker-group restarts so far (Options::max_restarts)
+  // ShardResult::metrics summed over every worker (of every node).
+  std::map<std::string, double> metrics;
   std::vector<WorkerReport> workers;  // by rank
 };
 

@@ -6,6 +6,10 @@ on the same global batches.
 
     PYTHONPATH=build/python python3 python/examples/fashion_mnist.py --workers 2 --epochs 5
 
+--checkpoint FILE saves the model, Adam, the position and the random states
+(gradagg.Checkpoint: written whole or not at all) after every epoch;
+--resume FILE goes on from one, as if never stopped (try --stop-after N).
+
 Data: Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist), or --data DIR
 with the four IDX .gz files.
 """
@@ -112,9 +116,20 @@ def main():
     p.add_argument("--limit", type=int, default=0, help="the first N training samples (0: all)")
     p.add_argument("--single", action="store_true",
                    help="one process on the same global batches (batch x workers)")
+    p.add_argument("--checkpoint", metavar="FILE",
+                   help="save model, optimizer, position and RNG to FILE after every epoch")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                   help="also every N steps")
+    p.add_argument("--resume", metavar="FILE", help="continue from a checkpoint (same settings)")
+    p.add_argument("--stop-after", type=int, default=0, metavar="N",
+                   help="stop after N steps in all, as if interrupted (try --resume)")
     args = p.parse_args()
     if args.workers < 1 or args.batch < 1 or args.epochs < 0:
         p.error("--workers, --batch must be >= 1 and --epochs >= 0")
+    if args.checkpoint_every < 0 or args.stop_after < 0:
+        p.error("--checkpoint-every and --stop-after must be >= 0")
+    # Checked now, before any training: a bad path fails at once, naming the file.
+    checkpoint = gradagg.Checkpoint(args.checkpoint) if args.checkpoint else None
 
     train_x, train_y = load(args.data, "train")
     test_x, test_y = load(args.data, "t10k")
@@ -127,6 +142,17 @@ def main():
 
     model = make_model(args.hidden, args.seed)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    # What changes the steps: a resume must have the same (--epochs may grow).
+    settings = {"workers": args.workers, "batch": args.batch, "lr": args.lr, "seed": args.seed,
+                "hidden": args.hidden, "limit": args.limit, "single": args.single}
+    first_step, total_loss, total_correct = 0, 0.0, 0
+    if args.resume:
+        state = gradagg.Checkpoint(args.resume, read_only=True).load(model, opt,
+                                                                     settings=settings)
+        first_step = state.step
+        total_loss = state.user.get("epoch_loss_sum", 0.0)
+        total_correct = state.user.get("epoch_correct", 0)
+    total_steps = args.epochs * steps_per_epoch
     orders = {}
 
     def order(epoch):  # the epoch's sample order: the same in the parent and every worker
@@ -140,46 +166,88 @@ def main():
         epoch, i = divmod(step, steps_per_epoch)
         return order(epoch)[i * global_batch + lo:i * global_batch + hi]
 
+    # The parent's sampler picks each step's rows and sends them with the step: the
+    # workers were forked once and would not see anything the parent decides later.
     def shard(ctx):  # worker r's args.batch samples of the step's global batch
-        idx = rows(ctx.step, ctx.rank * args.batch, (ctx.rank + 1) * args.batch)
-        return torch.nn.functional.cross_entropy(model(train_x[idx]), train_y[idx]), len(idx)
+        idx = ctx.message["rows"][ctx.rank * args.batch:(ctx.rank + 1) * args.batch]
+        out = model(train_x[idx])
+        correct = (out.argmax(1) == train_y[idx]).sum()  # summed over the workers
+        return torch.nn.functional.cross_entropy(out, train_y[idx]), len(idx), {"correct": correct}
 
     mode = "one process" if args.single else f"gradagg, {args.workers} workers"
     print(f"Fashion-MNIST: {len(train_x)} training samples, {mode}, global batch "
           f"{global_batch}, {steps_per_epoch} steps per epoch, Adam {args.lr}")
-    agg = None if args.single else gradagg.Aggregator(model, shard, workers=args.workers)
+    if args.resume and first_step >= total_steps:
+        print(f"{args.resume} has done {first_step // steps_per_epoch} epochs: nothing left to "
+              f"do (raise --epochs to go on)")
+    elif args.resume:
+        print(f"resumed from {args.resume} at step {first_step} of {total_steps}")
+    step = first_step
+    last_step = min(total_steps, args.stop_after) if args.stop_after else total_steps
+
+    saved = [first_step]
+
+    def save():  # once per step; at an epoch's end its loss sum is done with
+        if checkpoint is not None and saved[0] != step:
+            mid_epoch = step % steps_per_epoch != 0
+            checkpoint.save(model, opt, step=step, settings=settings,
+                            user={"epoch_loss_sum": total_loss if mid_epoch else 0.0,
+                                  "epoch_correct": total_correct if mid_epoch else 0})
+            saved[0] = step
+
+    # ctx.step counts from start_step: a resumed run reads the batches (and its workers
+    # draw the random numbers) of the run that was never stopped.
+    agg = None if args.single or step >= last_step else gradagg.Aggregator(
+        model, shard, workers=args.workers, start_step=step)
     try:
-        for epoch in range(args.epochs):
+        for epoch in range(first_step // steps_per_epoch, args.epochs):
+            if step >= last_step:
+                break
             progress = Progress(steps_per_epoch, f"epoch {epoch + 1}/{args.epochs}")
-            begin = time.monotonic()
-            total_loss = 0.0
+            begin, begin_step = time.monotonic(), step
             try:
-                for i in range(steps_per_epoch):
-                    step = epoch * steps_per_epoch + i
+                while step < min((epoch + 1) * steps_per_epoch, last_step):
+                    idx = rows(step, 0, global_batch)
                     if agg is not None:
-                        loss = agg.step().loss
+                        report = agg.step({"rows": idx})
+                        loss, correct = report.loss, int(report.metrics["correct"])
                     else:
                         opt.zero_grad()
-                        idx = rows(step, 0, global_batch)
-                        loss_t = torch.nn.functional.cross_entropy(model(train_x[idx]),
-                                                                   train_y[idx])
+                        out = model(train_x[idx])
+                        loss_t = torch.nn.functional.cross_entropy(out, train_y[idx])
                         loss_t.backward()
-                        loss = loss_t.item()
+                        loss, correct = loss_t.item(), (out.argmax(1) == train_y[idx]).sum().item()
                     opt.step()
                     total_loss += loss
+                    total_correct += correct
+                    step += 1
                     progress.update(1, loss)
+                    if args.checkpoint_every and step % args.checkpoint_every == 0:
+                        save()
             finally:
                 progress.close()
+            if step < (epoch + 1) * steps_per_epoch:  # --stop-after, mid-epoch
+                break
             seconds = time.monotonic() - begin
             test_loss, accuracy = evaluate(model, test_x, test_y)
-            print(f"epoch {epoch + 1}: train loss {total_loss / steps_per_epoch:.4f} test loss "
+            print(f"epoch {epoch + 1}: train loss {total_loss / steps_per_epoch:.4f} train accuracy "
+                  f"{total_correct / (steps_per_epoch * global_batch):.4f} test loss "
                   f"{test_loss:.4f} test accuracy {accuracy:.4f} "
-                  f"({steps_per_epoch * global_batch / seconds:.0f} samples/s)", flush=True)
+                  f"({(step - begin_step) * global_batch / seconds:.0f} samples/s)", flush=True)
+            total_loss, total_correct = 0.0, 0
+            save()
     finally:
         if agg is not None:
             agg.close()
+    if step < total_steps:  # --stop-after
+        save()
+        print(f"stopped after step {step}"
+              + (f"; resume with --resume {args.checkpoint}" if checkpoint else ""))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except gradagg.CheckpointError as e:  # names the file and what is wrong with it
+        sys.exit(f"fashion_mnist: {e}")

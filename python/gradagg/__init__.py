@@ -25,11 +25,14 @@ from gradagg.errors import (Error, InternalError, InvalidArgument, NodeFailed,  
                             WorkerFailed)
 from gradagg._core import (NodeOptions, Options, ShardContext, StepReport,  # noqa: F401
                            WorkerReport, _Aggregator)
+from gradagg.errors import CheckpointError, FileError  # noqa: F401
+from gradagg.checkpoint import Checkpoint, TrainingState  # noqa: F401
 
 __all__ = [
     "Aggregator", "Options", "NodeOptions", "ShardContext", "StepReport", "WorkerReport",
     "Error", "InvalidArgument", "NotUsable", "InternalError", "WorkerError", "WorkerFailed",
     "NonFiniteGradient", "WorkerDied", "StepTimeout", "NodeFailed",
+    "Checkpoint", "TrainingState", "FileError", "CheckpointError",
 ]
 
 
@@ -37,7 +40,7 @@ __all__ = [
 _OPTION_NAMES = ("workers", "weighting", "buffers", "threads_per_worker", "parent_threads",
                  "step_timeout", "shutdown_timeout", "non_finite", "max_consecutive_skips",
                  "max_restarts", "accumulation_steps", "seed_workers", "seed",
-                 "check_parameter_list")
+                 "check_parameter_list", "start_step", "message_bytes")
 
 
 class Aggregator(_Aggregator):
@@ -77,6 +80,10 @@ class Aggregator(_Aggregator):
       seed_workers, seed: each worker seeds torch's generator from (seed, rank, step).
       check_parameter_list: compare model.parameters() with the list at
         construction each step (True).
+      start_step: the global step of the first step() (ctx.step, the workers'
+        seeds, StepReport.step); a resumed run gives the checkpoint's step, so it
+        is bit for bit the run that was never stopped (0).
+      message_bytes: room for the message of a step, ``step(message)`` (64 KiB).
       nodes: a :class:`NodeOptions` for several machines (default one node).
 
     Use it as a context manager, or call :meth:`close`: the workers are stopped and
@@ -87,7 +94,7 @@ class Aggregator(_Aggregator):
                  threads_per_worker=0, parent_threads=1, step_timeout=300.0,
                  shutdown_timeout=2.0, non_finite="raise", max_consecutive_skips=10,
                  max_restarts=0, accumulation_steps=1, seed_workers=True, seed=0,
-                 check_parameter_list=True, nodes=None):
+                 check_parameter_list=True, start_step=0, message_bytes=65536, nodes=None):
         given = locals()
         options = Options()
         for name in _OPTION_NAMES:

@@ -2,7 +2,8 @@
 
 Every one derives from :class:`Error`; :class:`InvalidArgument` is also a
 :class:`ValueError`. Errors about one worker carry its ``rank`` and the
-``phase`` it was in (e.g. ``"shard function"``, ``"backward"``).
+``phase`` it was in (e.g. ``"shard function"``, ``"backward"``); errors about
+a file carry its ``path``.
 """
 
 
@@ -73,3 +74,17 @@ class NodeFailed(Error):
     def __init__(self, message, node=0):
         super().__init__(message)
         self.node = node
+
+
+class FileError(Error):
+    """A file gradagg reads or writes failed; ``path`` names it, the reason is in the message."""
+
+    def __init__(self, message, path=""):
+        super().__init__(message)
+        self.path = path  #: the file
+
+
+class CheckpointError(FileError):
+    """A checkpoint that cannot be written or read, or does not fit the model, optimizer or
+    settings it is loaded into; ``path`` names the file. A failed save leaves the file as it
+    was; a refused load leaves the model, optimizer and scheduler as they were."""

@@ -1,5 +1,6 @@
 #include "errors.h"
 
+#include <gradagg/checkpoint.h>
 #include <gradagg/errors.h>
 
 namespace py = pybind11;
@@ -38,6 +39,10 @@ void registerErrors() {
       raise("NodeFailed", e.what(), e.node());
     } catch (const InvalidArgument& e) {
       raise("InvalidArgument", e.what());
+    } catch (const CheckpointError& e) {
+      raise("CheckpointError", e.what(), e.path());
+    } catch (const FileError& e) {
+      raise("FileError", e.what(), e.path());
     } catch (const NotUsable& e) {
       raise("NotUsable", e.what());
     } catch (const InternalError& e) {

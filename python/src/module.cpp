@@ -15,9 +15,12 @@
 #include <gradagg/aggregator.h>
 #include <gradagg/errors.h>
 
+#include "durable.h"
 #include "errors.h"
 #include "host.h"
 #include "options.h"
+#include "shard.h"
+#include "threads.h"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -36,32 +39,6 @@ decltype(auto) withoutGil(F&& f) {
   } catch (const Interrupted&) {
     throw py::error_already_set();
   }
-}
-
-// Python objects that C++ may copy and drop without holding the GIL.
-template <class T>
-class GilHeld {
- public:
-  explicit GilHeld(T value)
-      : p_(new T(std::move(value)), [](T* x) {
-          py::gil_scoped_acquire gil;
-          delete x;
-        }) {}
-  const T& operator*() const { return *p_; }
-  const T* operator->() const { return p_.get(); }
-
- private:
-  std::shared_ptr<T> p_;
-};
-using PyRef = GilHeld<py::object>;
-
-// A worker's own thread (runtime/process.cpp) has no Python thread state: give it
-// one for its whole life, so each step's GIL acquisition does not create and
-// destroy one.
-void ensureThreadState() {
-  if (PyGILState_GetThisThreadState() != nullptr) return;
-  PyGILState_Ensure();  // never released: the state lives as long as the thread
-  PyEval_SaveThread();
 }
 
 at::Tensor tensorOf(py::handle obj, const std::string& what) {
@@ -167,53 +144,6 @@ ModelView viewOfPython(const py::object& model) {
   return view;
 }
 
-// "ValueError: bad shard\nTraceback (most recent call last):\n ..." within the
-// worker's message room: the exception line first, then as much of the end of
-// the traceback as fits.
-std::string describePythonError(py::error_already_set& e) {
-  static constexpr std::size_t kRoom = 1000;
-  std::string head = e.what();
-  std::string trace;
-  try {
-    const py::object format = py::module_::import("traceback").attr("format_exception");
-    for (py::handle line : format(e.type(), e.value(), e.trace())) trace += py::str(line);
-  } catch (const py::error_already_set&) {}
-  const auto first_newline = head.find('\n');
-  if (first_newline != std::string::npos) head.resize(first_newline);
-  std::string text = head + "\n" + trace;
-  if (text.size() > kRoom)
-    text = head + "\n...\n" + trace.substr(trace.size() - (kRoom - head.size() - 5));
-  return text;
-}
-
-ShardResult toShardResult(const py::object& r) {
-  if (THPVariable_Check(r.ptr())) return ShardResult{THPVariable_Unpack(r.ptr()), 1};
-  if (py::isinstance<py::tuple>(r) || py::isinstance<py::list>(r)) {
-    const auto seq = r.cast<py::sequence>();
-    if (seq.size() == 2 && THPVariable_Check(seq[0].ptr()) && py::isinstance<py::int_>(seq[1]))
-      return ShardResult{THPVariable_Unpack(seq[0].ptr()), seq[1].cast<std::int64_t>()};
-  }
-  throw std::invalid_argument(fmt::format(
-      "the shard function returned {}; expected a loss tensor or a (loss tensor, samples int) "
-      "pair",
-      std::string(py::str(py::type::of(r).attr("__name__")))));
-}
-
-ShardFn shardOfPython(py::object fn) {
-  if (!PyCallable_Check(fn.ptr()))
-    throw InvalidArgument("shard: expected a callable taking a ShardContext");
-  const PyRef f(std::move(fn));
-  return [f](const ShardContext& ctx) {
-    ensureThreadState();
-    py::gil_scoped_acquire gil;
-    try {
-      return toShardResult((*f)(ctx));
-    } catch (py::error_already_set& e) {
-      throw std::runtime_error(describePythonError(e));
-    }
-  };
-}
-
 // The Python side of one Aggregator: owns it, releases the GIL around it.
 class PyAggregator {
  public:
@@ -227,11 +157,18 @@ class PyAggregator {
 
   // A copy: the next step reuses the report. The lock is taken without the GIL,
   // so a second Python thread calling step() or close() waits for this one.
-  StepReport step() {
+  StepReport step(const py::object& message) {
     Aggregator& a = agg();
+    Message m;
+    if (!message.is_none()) {
+      if (!py::isinstance<py::dict>(message))
+        throw InvalidArgument(fmt::format("message: expected a dict of str -> tensor, int or "
+                                          "float, got {}", typeName(message)));
+      m = messageOf(message.cast<py::dict>());
+    }
     return withoutGil([&] {
       std::lock_guard<std::mutex> lock(mutex_);
-      return a.step();
+      return a.step(m);
     });
   }
   void close() {
@@ -262,6 +199,10 @@ void bindShardContext(py::module_& m) {
       .def_readonly("nodes", &ShardContext::nodes)
       .def_readonly("micro_step", &ShardContext::micro_step)
       .def_readonly("micro_steps", &ShardContext::micro_steps)
+      .def_property_readonly(
+          "message", [](const ShardContext& c) { return messageDict(c.message); },
+          "The parent's step(message): a dict of read-only tensors and numbers, valid "
+          "during this call ({} without one).")
       .def("__repr__", [](const ShardContext& c) {
         return fmt::format("ShardContext(rank={}, workers={}, step={}, micro_step={})", c.rank,
                            c.workers, c.step, c.micro_step);
@@ -278,7 +219,13 @@ void bindReports(py::module_& m) {
       .def_readonly("backward_ms", &WorkerReport::backward_ms)
       .def_readonly("write_ms", &WorkerReport::write_ms)
       .def_readonly("barrier_ms", &WorkerReport::barrier_ms)
-      .def_readonly("reduce_ms", &WorkerReport::reduce_ms);
+      .def_readonly("reduce_ms", &WorkerReport::reduce_ms)
+      .def_readonly("metrics", &WorkerReport::metrics)
+      .def("__repr__", [](const WorkerReport& w) {
+        return fmt::format("WorkerReport(loss={:.6g}, samples={}, shard_ms={:.3f}, "
+                           "backward_ms={:.3f})",
+                           w.loss, w.samples, w.shard_ms, w.backward_ms);
+      });
 
   py::class_<StepReport>(m, "StepReport", "What one step did (times in ms).")
       .def_readonly("step", &StepReport::step)
@@ -298,6 +245,7 @@ void bindReports(py::module_& m) {
       .def_readonly("skipped_total", &StepReport::skipped_total)
       .def_readonly("restarts", &StepReport::restarts)
       .def_readonly("workers", &StepReport::workers)
+      .def_readonly("metrics", &StepReport::metrics)
       .def("__repr__", [](const StepReport& r) {
         return fmt::format("StepReport(step={}, loss={:.6g}, samples={}, total_ms={:.3f}{})",
                            r.step, r.loss, r.samples, r.total_ms, r.skipped ? ", skipped" : "");
@@ -307,9 +255,11 @@ void bindReports(py::module_& m) {
 void bindAggregator(py::module_& m) {
   py::class_<PyAggregator>(m, "_Aggregator")
       .def(py::init<const py::object&, py::object, Options>(), "model"_a, "shard"_a, "options"_a)
-      .def("step", &PyAggregator::step,
+      .def("step", &PyAggregator::step, "message"_a = py::none(),
            "Every worker runs the shard function; each parameter's .grad becomes the weighted "
-           "mean gradient. Call optimizer.step() after it. On an error nothing changes.")
+           "mean gradient. Call optimizer.step() after it. On an error nothing changes. "
+           "message: a dict of str -> tensor, int or float the shard functions read as "
+           "ctx.message.")
       .def("close", &PyAggregator::close, "Stops and reaps the workers (idempotent).")
       .def_property_readonly("usable", [](PyAggregator& a) { return a.agg().usable(); })
       .def_property_readonly("workers", [](PyAggregator& a) { return a.agg().workers(); })
@@ -333,4 +283,5 @@ PYBIND11_MODULE(_core, m) {
   gradagg::python::bindShardContext(m);
   gradagg::python::bindReports(m);
   gradagg::python::bindAggregator(m);
+  gradagg::python::bindDurable(m);
 }

@@ -151,8 +151,6 @@ const std::tuple kNodeFields{
           "the first bucket of each dtype (DDP's 1 MiB)"),
     field("overlap", &NodeOptions::overlap,
           "buckets start across the nodes while backward goes on"),
-    field("start_step", &NodeOptions::start_step,
-          "steps done before this run; every node must say the same"),
     field("resume_identity", &NodeOptions::resume_identity,
           "'' for a fresh start, else the identity of the checkpoint resumed from"),
     field("must_match", &NodeOptions::must_match,
@@ -176,6 +174,10 @@ const std::tuple kOptionFields{
     field("seed_workers", &Options::seed_workers),
     field("seed", &Options::seed),
     field("check_parameter_list", &Options::check_parameter_list),
+    field("start_step", &Options::start_step,
+          "The global step of the first step() (a resume: the checkpoint's step)."),
+    field("message_bytes", &Options::message_bytes,
+          "Room for a step's message, fixed at construction (64 KiB)."),
 };
 
 // T(*, <every field>=<T{}'s value>): T{} with each keyword set through its row.

@@ -39,12 +39,15 @@
 #include <gradagg/errors.h>
 
 #include "aggregator/apply.h"
+#include "aggregator/step_errors.h"
 #include "aggregator/worker.h"
 #include "model/model_binding.h"
 #include "runtime/control.h"
 #include "runtime/process.h"
 #include "runtime/segment.h"
 #include "step/layout.h"
+#include "step/message.h"
+#include "step/metrics.h"
 #include "step/reduce_scatter.h"
 #include "step/slots.h"
 #include "topology/topology.h"
@@ -75,6 +78,9 @@ struct Aggregator::Impl {
   SegmentMap map;
   std::optional<ReduceScatter> early_sum;          // the parent's sums of early buckets
   std::optional<SlotReader> slots;
+  std::optional<MessageWriter> message;
+  std::optional<MetricBook> metrics;
+  std::optional<StepErrors> errors;
   std::vector<ByteRange> ranges;                   // worker r reduces ranges[r]
   std::vector<const c10::TensorImpl*> param_list;  // model.parameters() at construction
   std::unique_ptr<Applier> apply;
@@ -100,7 +106,7 @@ struct Aggregator::Impl {
         binding(model) {
     if (!shard) throw InvalidArgument("shard function: expected a callable, got an empty ShardFn");
     const int n = options.workers;
-    topology = joinTopology(options.nodes, options.buffers, binding, n);
+    topology = joinTopology(options, binding);
     LayoutSizes sizes;
     sizes.workers = static_cast<std::uint32_t>(n);
     sizes.param_count = static_cast<std::uint32_t>(binding.params().size());
@@ -108,6 +114,7 @@ struct Aggregator::Impl {
     sizes.param_bytes = binding.paramBytes();
     sizes.buffer_bytes = binding.bufferBytes();
     sizes.tail_bytes = stage().tailBytes();
+    sizes.message_bytes = alignUp(std::max<std::uint64_t>(options.message_bytes, kAlign), kAlign);
     const Layout layout = Layout::plan(sizes, pageBytes());
     segment = Segment::createAnonymous(layout.segment_bytes);
     initHeader(segment.base(), layout, pageBytes());
@@ -117,6 +124,10 @@ struct Aggregator::Impl {
     stage().attach(map);
     early_sum.emplace(map, flatParams(binding), weightRule());
     slots.emplace(map);
+    message.emplace(map.message(), sizes.message_bytes);
+    metrics.emplace(map);
+    errors.emplace(*slots, binding, topology.placement.node);
+    steps_done = options.start_step;
     ranges = splitRanges(stage().buckets().workerPart(layout.sizes.param_bytes), n);
     any_grad.resize(binding.params().size());
     if (model.current_parameters)
@@ -200,14 +211,17 @@ struct Aggregator::Impl {
           param_list.size(), now.size()));
   }
 
-  const StepReport& step() {
+  const StepReport& step(const Message& m) {
+    if (!channel.usable())
+      throw NotUsable("gradagg: the aggregator is not usable: " + channel.unusableReason());
+    message->write(m);  // a redone step finds it there as it is
     for (;;) {
       if (!channel.usable())
         throw NotUsable("gradagg: the aggregator is not usable: " + channel.unusableReason());
       try {
         return runStep();
-      } catch (const WorkerDied&) {
-        if (!restart()) throw;
+      } catch (const WorkerDied& e) {
+        if (!restart()) errors->rethrowWithHint(e);
       } catch (const StepTimeout&) {
         if (!restart()) throw;
       } catch (const NodeFailed& e) {
@@ -257,13 +271,23 @@ struct Aggregator::Impl {
       throw;
     }
     times.reduced = Clock::now();
-    const LocalOutcome local = slots->collect(any_grad);
+    LocalOutcome local = slots->collect(any_grad);
+    std::string metric_error;
+    if (!local.totals.failed) metric_error = metrics->collect(local.totals);
+    local.totals.failed = local.totals.failed || !metric_error.empty();
     const auto stage_begin = Clock::now();
     const StepTotals all = stage().reduce(local.totals, any_grad, results.fresh());
     times.stage_ms = millisSince(stage_begin);
-    if (local.failed >= 0) throw workerFailed(local.failed);
-    if (all.failed) throw elsewhere("a worker on another node failed", "");
+    if (local.failed >= 0) throw errors->workerFailed(local.failed, steps_done);
+    if (!metric_error.empty())
+      throw InvalidArgument(fmt::format("gradagg: step {}: {}", steps_done, metric_error));
+    if (all.failed) throw errors->elsewhere("a worker on another node failed", steps_done, "");
     if (all.non_finite) return skipOrRaise(local.non_finite, all, times);
+    if (all.weight_total == 0)
+      throw InvalidArgument(fmt::format(
+          "gradagg: in step {} every worker{} returned 0 samples: there is nothing to average; "
+          "nothing was changed",
+          steps_done, topology.placement.global_workers > options.workers ? " of every node" : ""));
     // The stage's last collective, before anything the user sees changes.
     if (options.buffers == BufferSync::kFromRank0) stage().shareFirstBuffers(map.slotBuffers(0));
     report.consecutive_skips = 0;
@@ -272,6 +296,7 @@ struct Aggregator::Impl {
     results.flip();
     apply->buffers();
     apply->report(report, steps_done, all, times);
+    metrics->report(all, report);
     ++steps_done;
     return report;
   }
@@ -306,23 +331,6 @@ struct Aggregator::Impl {
     }
   }
 
-  WorkerFailed workerFailed(int r) {
-    const Phase phase = slots->failedPhase(r);
-    const std::string message = slots->message(r);
-    return WorkerFailed(fmt::format("gradagg: worker {} failed in phase '{}' of step {}: {}", r,
-                                    phaseName(phase), steps_done, message),
-                        r, phase, message);
-  }
-
-  // What another node's workers did to this step: no node applied it.
-  NodeFailed elsewhere(const char* what, const std::string& why) const {
-    const int node = topology.placement.node;
-    return NodeFailed(fmt::format("gradagg: {} in step {}{}; no node applied the step (this is "
-                                  "node {})",
-                                  what, steps_done, why, node),
-                      node);
-  }
-
   // A non-finite gradient in worker `r` (or, r < 0, on another node).
   const StepReport& skipOrRaise(int r, const StepTotals& all, const StepTimes& times) {
     const bool skip = options.non_finite == NonFinitePolicy::kSkipStep;
@@ -332,6 +340,7 @@ struct Aggregator::Impl {
       ++report.skipped_total;
       report.skipped = true;
       apply->report(report, steps_done, all, times);
+      metrics->report(all, report);
       ++steps_done;
       return report;
     }
@@ -339,7 +348,7 @@ struct Aggregator::Impl {
         skip ? fmt::format("; {} consecutive steps were skipped already (max_consecutive_skips)",
                            report.consecutive_skips)
              : "";
-    if (r < 0) throw elsewhere("a non-finite gradient on another node", why);
+    if (r < 0) throw errors->elsewhere("a non-finite gradient on another node", steps_done, why);
     const int k = slots->badParam(r);
     const std::string param = k >= 0 ? binding.params()[k].name : "";
     const std::string message = slots->message(r);
@@ -362,8 +371,12 @@ Aggregator::Aggregator(Aggregator&&) noexcept = default;
 Aggregator& Aggregator::operator=(Aggregator&&) noexcept = default;
 
 const StepReport& Aggregator::step() {
+  static const Message kNone;
+  return step(kNone);
+}
+const StepReport& Aggregator::step(const Message& message) {
   if (!impl_) throw NotUsable("gradagg: the aggregator was moved from");
-  return impl_->step();
+  return impl_->step(message);
 }
 void Aggregator::shutdown() {
   if (impl_) impl_->shutdown();

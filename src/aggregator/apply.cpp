@@ -72,7 +72,7 @@ void Applier::report(StepReport& report, std::int64_t step, const StepTotals& to
   report.samples = totals.samples;
   report.reduce_ms = 0;
   for (int r = 0; r < workers_; ++r) {
-    report.workers[r] = slots_.report(r);
+    slots_.report(r, report.workers[r]);
     report.reduce_ms = std::max(report.reduce_ms, report.workers[r].reduce_ms);
   }
   report.publish_ms = Ms(times.command - times.begin).count();

@@ -63,6 +63,11 @@ void Options::validate() const {
     throw InvalidArgument(
         "Options.buffers: BufferSync::kMean is not supported across nodes yet; use kFromRank0 "
         "(node 0's worker 0 wins, as in DDP) or kKeepParent");
+  if (start_step < 0)
+    throw InvalidArgument(fmt::format("Options.start_step: expected >= 0, got {}", start_step));
+  if (message_bytes > (std::uint64_t{1} << 32))
+    throw InvalidArgument(fmt::format("Options.message_bytes: expected at most 4 GiB, got {}",
+                                      message_bytes));
   if (shutdown_timeout.count() < 0)
     throw InvalidArgument(fmt::format("Options.shutdown_timeout: expected >= 0 ms, got {} ms",
                                       shutdown_timeout.count()));

@@ -1,16 +1,18 @@
 // A worker's life: set up the replica once, then serve steps until told to
 // stop (the serve loop, runtime/serve.h).
 //
-// Set-up: check the header, make the snapshot read-only in this process, give
-// the replica private buffers, point every parameter's .grad at this worker's
+// Set-up: check the header, make the snapshot and the message read-only in
+// this process (a write into the snapshot is reported before the SIGSEGV
+// kills the worker: runtime/write_fault.h), give the replica private buffers, point every parameter's .grad at this worker's
 // slot (SlotWriter::bind) and hook the early buckets' gradients
 // (BucketReadiness), then arrive on `reduced`.
 //
 // A step:
 //   load the snapshot: the parameters already are the parent's, in place; copy
-//     the buffers; begin the slot (zeroed, status ok);
+//     the buffers; begin the slot (zeroed, status ok); read the message;
 //   run the user's shard function, then backward: autograd accumulates straight
-//     into the slot; write loss, samples and buffers and check what landed
+//     into the slot (a micro-batch with 0 samples runs no backward); write
+//     loss, counts, metrics and buffers and check what landed
 //     (SlotWriter::write). Any exception becomes a failed status with its
 //     message: the worker lives on for the next step;
 //   with early buckets, take each bucket's line during the last backward as
@@ -36,6 +38,8 @@
 #include "runtime/serve.h"
 #include "runtime/sync.h"
 #include "runtime/test_seam.h"
+#include "runtime/write_fault.h"
+#include "step/message.h"
 #include "step/readiness.h"
 #include "step/reduce_scatter.h"
 #include "step/slots.h"
@@ -44,35 +48,41 @@ namespace gradagg::detail {
 
 namespace {
 
-// What the micro-batches of one step add up to.
+// What the micro-batches of one step add up to (those with samples only).
 struct Accumulated {
   std::int64_t samples = 0;
   double weighted_loss = 0;  // sum of samples_i * loss_i
   double plain_loss = 0;     // sum of loss_i
-  int count = 0;
-  void add(const std::pair<double, std::int64_t>& micro) {
-    samples += micro.second;
-    weighted_loss += micro.first * static_cast<double>(micro.second);
-    plain_loss += micro.first;
+  int count = 0;             // micro-batches with samples
+  std::map<std::string, double> metrics;
+  void add(double loss, const ShardResult& micro) {
+    for (const auto& [name, value] : micro.metrics) metrics[name] += value;
+    if (micro.samples == 0) return;
+    samples += micro.samples;
+    weighted_loss += loss * static_cast<double>(micro.samples);
+    plain_loss += loss;
     ++count;
   }
   double loss(bool equal) const {
-    if (count == 1) return plain_loss;
+    if (count <= 1) return plain_loss;
     return equal ? plain_loss / count : weighted_loss / static_cast<double>(samples);
   }
 };
 
 void checkResult(const ShardResult& r) {
+  if (r.samples < 0)
+    throw InvalidArgument(fmt::format("ShardResult.samples must be >= 0, got {}", r.samples));
+  if (r.samples == 0) return;  // nothing to do this step: the loss is not used
   if (!r.loss.defined())
-    throw InvalidArgument("the shard function returned no loss (undefined tensor)");
+    throw InvalidArgument(
+        "the shard function returned no loss (undefined tensor) with samples > 0 (a worker "
+        "with nothing to do returns samples = 0)");
   if (r.loss.numel() != 1)
     throw InvalidArgument(fmt::format("the loss must be a scalar, got {}", describeTensor(r.loss)));
   if (!r.loss.requires_grad())
     throw InvalidArgument(
         "the loss does not require grad (computed under NoGradGuard, detached, or from "
         "parameters that do not require grad?)");
-  if (r.samples <= 0)
-    throw InvalidArgument(fmt::format("ShardResult.samples must be > 0, got {}", r.samples));
 }
 
 class Worker final : public ServedWorker {
@@ -96,6 +106,9 @@ class Worker final : public ServedWorker {
     at::set_num_threads(s_.threads);
     // The parameters are the parent's master values: read them, never write them.
     s_.segment->protectReadOnly(map_.snapshotParams(), map_.snapshotBytes());
+    s_.segment->protectReadOnly(map_.message(), map_.layout.sizes.message_bytes);
+    reportWriteFaults(map_.snapshotParams(), map_.snapshotBytes(),
+                      &map_.control(s_.rank).fault_offset);
     at::NoGradGuard no_grad;
     for (TensorEntry& b : s_.binding->buffers())
       b.tensor.set_data(viewAt(b, s_.binding->bufferRegion()).clone());
@@ -147,12 +160,14 @@ class Worker final : public ServedWorker {
       ctx.node = s_.ranks.node;
       ctx.nodes = s_.ranks.nodes;
       ctx.micro_steps = s_.options->accumulation_steps;
+      readMessage(map_.message(), ctx.message);
       Accumulated sum;
       for (ctx.micro_step = 0; ctx.micro_step < ctx.micro_steps; ++ctx.micro_step)
-        sum.add(microStep(ctx, sum.samples));
+        microStep(ctx, sum);
       enter(Phase::kWritingSlot);
       t0 = Clock::now();
-      slot_.write(sum.samples, sum.loss(s_.weights.equal));
+      slot_.write(SlotSummary{SlotCounts{sum.samples, sum.count}, sum.loss(s_.weights.equal),
+                              &sum.metrics});
       times.write_ms = millisSince(t0);
     } catch (...) {
       slot_.failed();
@@ -169,22 +184,32 @@ class Worker final : public ServedWorker {
     }
   }
 
-  // One micro-batch: the shard function, then backward into the slot. Returns
-  // its loss and samples. Accumulating by samples, backward starts from
-  // `samples` instead of 1, so the slot holds the sum of samples_i * gradient_i
-  // (WeightRule's factor divides by the worker's total); one micro-batch, or
-  // equal weighting, as is. With early buckets, the last backward takes the
-  // bucket lines as it goes: the samples are written before it.
-  std::pair<double, std::int64_t> microStep(const ShardContext& ctx, std::int64_t samples_before) {
+  // One micro-batch: the shard function, then backward into the slot; adds
+  // its loss, samples and metrics to `sum`. Accumulating by samples, backward
+  // starts from `samples` instead of 1, so the slot holds the sum of
+  // samples_i * gradient_i (WeightRule's factor divides by the worker's
+  // total); one micro-batch, or equal weighting, as is. With 0 samples no
+  // backward runs. With early buckets, the last backward takes the bucket
+  // lines as it goes: the counts are written before it.
+  void microStep(const ShardContext& ctx, Accumulated& sum) {
     enter(Phase::kShard);
     PhaseTimes& times = slot_.times();
+    const std::uint64_t seen = slot_.gradientsSeen();
     auto t0 = Clock::now();
     ShardResult result = (*s_.shard)(ctx);
     times.shard_ms += millisSince(t0);
+    if (slot_.gradientsSeen() != seen && ctx.micro_step == 0 && slot_.anyGradientWritten())
+      throw InvalidArgument(
+          "the shard function ran backward() itself; gradagg runs backward on the loss the "
+          "shard function returns: return the loss instead");
     checkResult(result);
+    if (result.samples == 0) {
+      sum.add(0, result);
+      return;
+    }
     enter(Phase::kBackward);
     if (readiness_->early() > 0 && ctx.micro_step + 1 == ctx.micro_steps) {
-      slot_.setSamples(samples_before + result.samples);
+      slot_.setCounts(SlotCounts{sum.samples + result.samples, sum.count + 1});
       readiness_->arm();
     }
     t0 = Clock::now();
@@ -194,7 +219,7 @@ class Worker final : public ServedWorker {
       result.loss.backward();
     readiness_->disarm();
     times.backward_ms += millisSince(t0);
-    return {result.loss.item<double>(), result.samples};
+    sum.add(result.loss.item<double>(), result);
   }
 
   void loadSnapshot() {

@@ -12,7 +12,8 @@ Layout Layout::plan(const LayoutSizes& s, std::size_t page_bytes) {
   l.sizes = s;
   l.control_offset = alignUp(sizeof(Header), kAlign);
   l.weights_offset = alignUp(l.control_offset + sizeof(WorkerControl) * s.workers, kAlign);
-  l.snapshot_offset = alignUp(l.weights_offset + sizeof(SlotWeight) * s.workers, page_bytes);
+  l.message_offset = alignUp(l.weights_offset + sizeof(SlotWeight) * s.workers, page_bytes);
+  l.snapshot_offset = alignUp(l.message_offset + s.message_bytes, page_bytes);
   l.snapshot_buffers_offset = l.snapshot_offset + s.param_bytes;
   l.result_offset[0] = alignUp(l.snapshot_buffers_offset + s.buffer_bytes, page_bytes);
   l.result_bytes = s.param_bytes + s.tail_bytes;
@@ -29,7 +30,8 @@ bool Layout::operator==(const Layout& o) const {
   return sizes.workers == o.sizes.workers && sizes.param_count == o.sizes.param_count &&
          sizes.buffer_count == o.sizes.buffer_count && sizes.param_bytes == o.sizes.param_bytes &&
          sizes.buffer_bytes == o.sizes.buffer_bytes && sizes.tail_bytes == o.sizes.tail_bytes &&
-         control_offset == o.control_offset && weights_offset == o.weights_offset &&
+         sizes.message_bytes == o.sizes.message_bytes && control_offset == o.control_offset &&
+         weights_offset == o.weights_offset && message_offset == o.message_offset &&
          snapshot_offset == o.snapshot_offset &&
          snapshot_buffers_offset == o.snapshot_buffers_offset &&
          result_offset[0] == o.result_offset[0] && result_offset[1] == o.result_offset[1] &&
@@ -75,10 +77,13 @@ std::string validateHeader(const void* base, std::size_t mapping_bytes, const La
     return fmt::format("{} workers", s.workers);
   // Bound every size so plan() cannot overflow: each below 2^48 bytes.
   constexpr std::uint64_t kLimit = std::uint64_t{1} << 48;
-  if (s.param_bytes >= kLimit || s.buffer_bytes >= kLimit || s.tail_bytes >= kLimit)
-    return fmt::format("sizes out of range: {} parameter bytes, {} buffer bytes, {} tail bytes",
-                       s.param_bytes, s.buffer_bytes, s.tail_bytes);
-  if (s.param_bytes % kAlign != 0 || s.buffer_bytes % kAlign != 0 || s.tail_bytes % kAlign != 0)
+  if (s.param_bytes >= kLimit || s.buffer_bytes >= kLimit || s.tail_bytes >= kLimit ||
+      s.message_bytes >= kLimit)
+    return fmt::format(
+        "sizes out of range: {} parameter bytes, {} buffer bytes, {} tail bytes, {} message bytes",
+        s.param_bytes, s.buffer_bytes, s.tail_bytes, s.message_bytes);
+  if (s.param_bytes % kAlign != 0 || s.buffer_bytes % kAlign != 0 || s.tail_bytes % kAlign != 0 ||
+      s.message_bytes % kAlign != 0)
     return "region sizes are not multiples of 64 bytes";
   // Every tensor takes at least kAlign bytes (see ModelBinding).
   if (std::uint64_t{s.param_count} * kAlign > s.param_bytes)

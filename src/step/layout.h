@@ -17,6 +17,8 @@
 //                     | WorkerControl[0] | WorkerControl[1] | ... [N-1]   |
 //   weights_offset    +---------------------------------------------------+
 //                     | SlotWeight[0] | ... [N-1]  (the closer's)         |
+//   message_offset    +---------------------------------------------------+ page
+//                     | the step's message (the parent's; step/message.h) |  read-only
 //   snapshot_offset   +---------------------------------------------------+ page
 //                     | parameters  (the parent's master values)          |
 //                     | buffers     (the parent's master values)          |
@@ -51,13 +53,14 @@
 #include <string>
 
 #include <gradagg/options.h>
+#include <gradagg/shard.h>
 
 #include "runtime/segment.h"  // kAlign, alignUp, kMessageBytes
 
 namespace gradagg::detail {
 
 inline constexpr std::uint64_t kMagic = 0x3167'6761'6461'7267ULL;  // "grdagg1"
-inline constexpr std::uint32_t kLayoutVersion = 4;
+inline constexpr std::uint32_t kLayoutVersion = 5;
 // Arrive lines for early buckets (step/buckets.h) in the header.
 inline constexpr int kMaxEarlyBuckets = 64;
 // The most workers one segment serves (Options::kMaxWorkers).
@@ -81,6 +84,7 @@ struct LayoutSizes {
   std::uint64_t param_bytes = 0;   // sum of aligned parameter sizes
   std::uint64_t buffer_bytes = 0;  // sum of aligned buffer sizes
   std::uint64_t tail_bytes = 0;    // the stage tail after each result (ReductionStage::tailBytes)
+  std::uint64_t message_bytes = 0; // room for a step's message (Options::message_bytes, aligned)
 };
 
 // Offsets of every region, all derived from LayoutSizes by plan().
@@ -88,6 +92,7 @@ struct Layout {
   LayoutSizes sizes;
   std::uint64_t control_offset = 0;
   std::uint64_t weights_offset = 0;
+  std::uint64_t message_offset = 0;  // message_bytes, rounded up to pages
   std::uint64_t snapshot_offset = 0;  // parameters, then buffers at snapshot_buffers_offset
   std::uint64_t snapshot_buffers_offset = 0;
   std::uint64_t result_offset[2] = {0, 0};
@@ -152,6 +157,12 @@ struct alignas(kAlign) Header {
   alignas(kAlign) std::atomic<std::uint32_t> bucket_lines[kMaxEarlyBuckets];
 };
 
+// One named metric of a worker's step (ShardResult::metrics).
+struct MetricEntry {
+  char name[ShardResult::kMaxMetricNameBytes + 1];  // NUL-terminated
+  double value;
+};
+
 // How long each phase of the last step took, in milliseconds (see WorkerReport).
 struct PhaseTimes {
   double wake_ms;
@@ -188,6 +199,17 @@ struct alignas(kAlign) WorkerControl {
   PhaseTimes times;
   // NUL-terminated message when status == kFailed (the worker's exception).
   char message[kMessageBytes];
+  // Written with `samples`: how many micro-batches had samples (equal
+  // weighting with accumulation divides the slot by it).
+  std::int32_t micro_count;
+  // Written before the worker arrives on `computed`: ShardResult::metrics,
+  // summed over the micro-batches, in name order (none when it had 0 samples).
+  std::uint32_t metric_count;
+  MetricEntry metrics[ShardResult::kMaxMetrics];
+  // Written by the worker's SIGSEGV handler just before it dies: the offset in
+  // the snapshot (the parameters, read-only in workers) of a write that
+  // faulted, or -1. Read by the parent after the worker died.
+  std::atomic<std::int64_t> fault_offset;
 };
 
 // Slot r's weights in the step (step/weights.h), one per worker after the
@@ -200,6 +222,8 @@ struct SlotWeight {
 };
 
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+static_assert(std::atomic<std::int64_t>::is_always_lock_free,
+              "written from a signal handler");
 static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t),
               "futex words must be plain 32-bit integers");
 static_assert(sizeof(Header) % kAlign == 0 && sizeof(WorkerControl) % kAlign == 0);
@@ -220,6 +244,7 @@ struct SegmentMap {
   SlotWeight* weights() const {
     return reinterpret_cast<SlotWeight*>(base + layout.weights_offset);
   }
+  std::byte* message() const { return base + layout.message_offset; }
   std::byte* snapshotParams() const { return base + layout.snapshot_offset; }
   std::byte* snapshotBuffers() const { return base + layout.snapshot_buffers_offset; }
   std::size_t snapshotBytes() const { return layout.sizes.param_bytes + layout.sizes.buffer_bytes; }

@@ -8,7 +8,7 @@ ReduceScatter::ReduceScatter(const SegmentMap& map, std::vector<FlatTensor> flat
       flat_(std::move(flat)),
       rule_(rule),
       n_(map.workers()),
-      samples_(static_cast<std::size_t>(n_)),
+      counts_(static_cast<std::size_t>(n_)),
       weights_(static_cast<std::size_t>(n_)),
       factors_(static_cast<std::size_t>(n_)) {
   for (int r = 0; r < n_; ++r) gradients_.push_back(map.slot(r));
@@ -20,10 +20,10 @@ void ReduceScatter::close() {
   bool ok = true;
   for (int r = 0; r < n_; ++r) {
     ok = ok && slots_.ok(r);
-    samples_[r] = slots_.samples(r);
+    counts_[r] = slots_.counts(r);
   }
   if (ok) {
-    h.weight_total = rule_.apply(samples_.data(), n_, weights);
+    h.weight_total = rule_.apply(counts_.data(), n_, weights);
   } else {
     for (int r = 0; r < n_; ++r) weights[r] = SlotWeight{0, 0};
     h.weight_total = 0;
@@ -42,8 +42,8 @@ void ReduceScatter::reduce(ByteRange range) {
 
 void ReduceScatter::reduceEarly(ByteRange range, int result, bool first) {
   if (first) {
-    for (int r = 0; r < n_; ++r) samples_[r] = slots_.samples(r);
-    rule_.apply(samples_.data(), n_, weights_.data());
+    for (int r = 0; r < n_; ++r) counts_[r] = slots_.counts(r);
+    rule_.apply(counts_.data(), n_, weights_.data());
     for (int r = 0; r < n_; ++r) factors_[r] = weights_[r].factor;
   }
   reduceRange(flat_, range, map_.result(result), gradients_.data(), factors_.data(), n_);

@@ -8,7 +8,7 @@
 //                  flat gradient over all slots, in rank order, into the result
 //                  the command names (nothing when the step failed);
 //   reduceEarly(b) the parent, once every worker took bucket b's line (their
-//                  samples are written by then): the same sum over bucket b,
+//                  counts are written by then): the same sum over bucket b,
 //                  with the weights the same rule gives those samples.
 // Every element is summed in the same order whoever sums it (step/kernels.h),
 // so the result's bits do not depend on which process reduced which range.
@@ -45,7 +45,7 @@ class ReduceScatter {
   WeightRule rule_;
   int n_;
   std::vector<const std::byte*> gradients_;  // every slot's gradient area
-  std::vector<std::int64_t> samples_;
+  std::vector<SlotCounts> counts_;
   std::vector<SlotWeight> weights_;  // the parent's early buckets' (before the closer's)
   std::vector<double> factors_;
 };

@@ -27,7 +27,11 @@ void SlotWriter::bind(ModelBinding& binding) {
     if (!p.requires_grad) continue;
     p.tensor.mutable_grad() = grad_views_[k];
     std::uint8_t* flag = flags_ + k;
-    p.tensor.register_hook([flag](const at::Tensor&) { *flag = 1; });
+    std::uint64_t* seen = &gradients_seen_;
+    p.tensor.register_hook([flag, seen](const at::Tensor&) {
+      *flag = 1;
+      ++*seen;
+    });
   }
 }
 
@@ -35,6 +39,10 @@ void SlotWriter::begin() {
   control_.status = static_cast<std::uint32_t>(SlotStatus::kOk);
   control_.message[0] = '\0';
   control_.bad_param = -1;
+  control_.samples = 0;
+  control_.micro_count = 0;
+  control_.loss = 0;
+  control_.metric_count = 0;
   const double wake_ms = control_.times.wake_ms;
   control_.times = PhaseTimes{};
   control_.times.wake_ms = wake_ms;
@@ -48,7 +56,13 @@ void SlotWriter::begin() {
   }
 }
 
-void SlotWriter::write(std::int64_t samples, double loss) {
+bool SlotWriter::anyGradientWritten() const {
+  for (std::size_t k = 0; k < grad_views_.size(); ++k)
+    if (flags_[k] != 0 && grad_views_[k].count_nonzero().item<std::int64_t>() > 0) return true;
+  return false;
+}
+
+void SlotWriter::write(const SlotSummary& summary) {
   auto& params = binding_->params();
   at::NoGradGuard no_grad;
   for (std::size_t k = 0; k < params.size(); ++k) {
@@ -76,9 +90,29 @@ void SlotWriter::write(std::int64_t samples, double loss) {
   }
   std::byte* slot_buffers = map_.slotBuffers(rank_);
   for (TensorEntry& b : binding_->buffers()) viewAt(b, slot_buffers).copy_(b.tensor);
-  control_.samples = samples;
-  control_.loss = loss;
+  setCounts(summary.counts);
+  control_.loss = summary.loss;
+  writeMetrics(summary.metrics);
   checkFinite();
+}
+
+void SlotWriter::writeMetrics(const std::map<std::string, double>* metrics) {
+  control_.metric_count = 0;
+  if (metrics == nullptr || metrics->empty()) return;
+  if (metrics->size() > static_cast<std::size_t>(ShardResult::kMaxMetrics))
+    throw InvalidArgument(fmt::format("the shard function returned {} metrics, at most {} fit",
+                                      metrics->size(), ShardResult::kMaxMetrics));
+  std::uint32_t i = 0;
+  for (const auto& [name, value] : *metrics) {
+    if (name.empty() || name.size() > ShardResult::kMaxMetricNameBytes)
+      throw InvalidArgument(fmt::format("metric '{}': a name of 1..{} bytes expected", name,
+                                        ShardResult::kMaxMetricNameBytes));
+    MetricEntry& e = control_.metrics[i++];
+    std::memcpy(e.name, name.data(), name.size());
+    e.name[name.size()] = '\0';
+    e.value = value;
+  }
+  control_.metric_count = i;
 }
 
 void SlotWriter::checkFinite() {
@@ -91,7 +125,7 @@ void SlotWriter::checkFinite() {
         fmt::format("parameter '{}' has a non-finite gradient (loss {})", name, control_.loss),
         rank_, Phase::kWritingSlot, "", name);
   }
-  if (!std::isfinite(control_.loss))
+  if (control_.samples > 0 && !std::isfinite(control_.loss))
     throw NonFiniteGradient(fmt::format("the loss is {}", control_.loss), rank_,
                             Phase::kWritingSlot, "", "");
 }
@@ -127,6 +161,7 @@ void SlotReader::prepareStart() {
     WorkerControl& c = map_.control(r);
     c.status = static_cast<std::uint32_t>(SlotStatus::kOk);
     c.message[0] = '\0';
+    c.fault_offset.store(-1, std::memory_order_relaxed);
   }
 }
 
@@ -159,11 +194,18 @@ std::string SlotReader::message(int r) const {
   return std::string(m, ::strnlen(m, kMessageBytes));
 }
 
-WorkerReport SlotReader::report(int r) const {
+void SlotReader::report(int r, WorkerReport& out) const {
   const WorkerControl& c = map_.control(r);
   const PhaseTimes& t = c.times;
-  return WorkerReport{c.loss,        c.samples,  t.wake_ms,    t.load_ms,  t.shard_ms,
-                      t.backward_ms, t.write_ms, t.barrier_ms, t.reduce_ms};
+  out.loss = c.loss;
+  out.samples = c.samples;
+  out.wake_ms = t.wake_ms;
+  out.load_ms = t.load_ms;
+  out.shard_ms = t.shard_ms;
+  out.backward_ms = t.backward_ms;
+  out.write_ms = t.write_ms;
+  out.barrier_ms = t.barrier_ms;
+  out.reduce_ms = t.reduce_ms;
 }
 
 }  // namespace gradagg::detail

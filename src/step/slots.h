@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "model/model_binding.h"
 #include "step/flat.h"
 #include "step/layout.h"
+#include "step/weights.h"
 
 namespace gradagg::detail {
 
@@ -28,6 +30,10 @@ struct StepTotals {
   // or, where the stage divides later, sum_i n_i loss_i until it has.
   double loss = 0;
   std::int64_t samples = 0;
+  // ShardResult::metrics summed over the workers, in the agreed names' order
+  // (step/metrics.h): this group's, then, after the stage, everyone's.
+  int metric_count = 0;
+  double metrics[ShardResult::kMaxMetrics] = {};
   // After the stage: the bytes this process contributed to the stage's
   // collectives, how many carried the step, and how many of them started
   // while the workers computed (all 0 when there is nothing to combine).
@@ -43,6 +49,13 @@ struct LocalOutcome {
   StepTotals totals;
 };
 
+// What a worker's step came to, written into its control block.
+struct SlotSummary {
+  SlotCounts counts;  // samples and micro-batches with samples
+  double loss = 0;    // 0 when it had no samples
+  const std::map<std::string, double>* metrics = nullptr;
+};
+
 // Worker `rank`'s side: its gradient area (where .grad points), its has-grad
 // flags, its buffers and its WorkerControl.
 class SlotWriter {
@@ -50,20 +63,29 @@ class SlotWriter {
   SlotWriter(const SegmentMap& map, int rank);
 
   // Once, at set-up: every trainable parameter's .grad becomes a view of this
-  // slot, and a hook on it flags that it received a gradient.
+  // slot, and a hook on it flags that it received a gradient (and counts it:
+  // gradientsSeen(), so a shard function that runs backward itself is told).
   void bind(ModelBinding& binding);
+  std::uint64_t gradientsSeen() const { return gradients_seen_; }
+  // Whether a flagged parameter's gradient area holds anything but zeros: after
+  // begin(), backward ran into the slot (torch.autograd.grad fires the hooks
+  // too, but writes nothing there). Scans; for the rare path only.
+  bool anyGradientWritten() const;
   // Each step, before the shard function: status ok, no message, phase times
   // zero, the gradient area and flags zeroed, any .grad the shard function
   // moved last step pointed back at the slot.
   void begin();
   // Parameter k's view in the slot.
   const at::Tensor& gradView(std::size_t k) const { return grad_views_[k]; }
-  // With early buckets: the samples, before the first bucket line is taken.
-  void setSamples(std::int64_t samples) { control_.samples = samples; }
+  // With early buckets: the counts, before the first bucket line is taken.
+  void setCounts(const SlotCounts& counts) {
+    control_.samples = counts.samples;
+    control_.micro_count = counts.micro;
+  }
   // After backward: checks that no parameter was replaced, copies a gradient
-  // the shard function moved elsewhere, writes the buffers, samples and loss.
-  // Throws InvalidArgument or NonFiniteGradient (naming the parameter).
-  void write(std::int64_t samples, double loss);
+  // the shard function moved elsewhere, writes the buffers, counts, loss and
+  // metrics. Throws InvalidArgument or NonFiniteGradient (naming the parameter).
+  void write(const SlotSummary& summary);
   // The exception being handled becomes this step's failure: kNonFinite for a
   // NonFiniteGradient, otherwise kFailed, with its message and the phase.
   void failed() noexcept;
@@ -73,6 +95,7 @@ class SlotWriter {
 
  private:
   void checkFinite();
+  void writeMetrics(const std::map<std::string, double>* metrics);
 
   SegmentMap map_;
   int rank_;
@@ -82,6 +105,7 @@ class SlotWriter {
   ModelBinding* binding_ = nullptr;
   std::vector<FlatTensor> flat_;
   std::vector<at::Tensor> grad_views_;
+  std::uint64_t gradients_seen_ = 0;
 };
 
 // The parent's side: every worker's slot and control block, read after the
@@ -96,13 +120,22 @@ class SlotReader {
   // one of the workers produced a gradient (`any_grad`).
   LocalOutcome collect(std::vector<std::uint8_t>& any_grad) const;
 
+  int workers() const { return workers_; }
   bool ok(int r) const { return status(r) == SlotStatus::kOk; }
   SlotStatus status(int r) const { return static_cast<SlotStatus>(map_.control(r).status); }
   Phase failedPhase(int r) const { return static_cast<Phase>(map_.control(r).failed_phase); }
   std::string message(int r) const;
   int badParam(int r) const { return map_.control(r).bad_param; }
   std::int64_t samples(int r) const { return map_.control(r).samples; }
-  WorkerReport report(int r) const;
+  SlotCounts counts(int r) const {
+    return SlotCounts{map_.control(r).samples, map_.control(r).micro_count};
+  }
+  // The worker's SIGSEGV handler's finding: the snapshot offset it wrote to, or -1.
+  std::int64_t faultOffset(int r) const {
+    return map_.control(r).fault_offset.load(std::memory_order_relaxed);
+  }
+  // Worker r's report, its metrics aside (step/metrics.h fills them).
+  void report(int r, WorkerReport& out) const;
 
  private:
   SegmentMap map_;

@@ -2,19 +2,20 @@
 
 namespace gradagg::detail {
 
-double WeightRule::total(const std::int64_t* samples, int n) const {
+double WeightRule::apply(const SlotCounts* counts, int n, SlotWeight* out) const {
   double d = 0;
-  for (int i = 0; i < n; ++i) d += equal ? 1.0 : static_cast<double>(samples[i]);
-  return d;
-}
-
-double WeightRule::apply(const std::int64_t* samples, int n, SlotWeight* out) const {
-  const double d = total(samples, n);
-  const double divisor = divided_later ? 1.0 : d;
+  for (int i = 0; i < n; ++i)
+    if (counts[i].samples > 0) d += equal ? 1.0 : static_cast<double>(counts[i].samples);
+  const double divisor = divided_later || d == 0 ? 1.0 : d;
   for (int i = 0; i < n; ++i) {
-    const double w = (equal ? 1.0 : static_cast<double>(samples[i])) / divisor;
+    const SlotCounts& c = counts[i];
+    if (c.samples <= 0) {
+      out[i] = SlotWeight{0, 0};
+      continue;
+    }
+    const double w = (equal ? 1.0 : static_cast<double>(c.samples)) / divisor;
     double factor = w;
-    if (micro_steps > 1) factor = equal ? w / micro_steps : w / static_cast<double>(samples[i]);
+    if (micro_steps > 1) factor = equal ? w / c.micro : w / static_cast<double>(c.samples);
     out[i] = SlotWeight{w, factor};
   }
   return d;

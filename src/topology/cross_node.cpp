@@ -22,16 +22,15 @@ std::uint64_t fnv1a(const std::byte* p, std::size_t n, std::uint64_t h) {
 }
 }  // namespace
 
-CrossNode::CrossNode(const NodeOptions& options, BufferSync buffers, ModelBinding& binding,
-                     int workers)
-    : group_((requireWideDtypes(binding), options)),
+CrossNode::CrossNode(const Options& options, ModelBinding& binding)
+    : group_((requireWideDtypes(binding), options.nodes)),
       binding_(binding),
-      plan_(planBuckets(binding, options.first_bucket_bytes, options.bucket_bytes,
-                        options.overlap)),
-      compression_(options.compression),
-      checksum_interval_(options.checksum_interval),
-      gather_buffers_(buffers == BufferSync::kFromRank0),
-      placement_(rendezvous(group_, options, binding, workers)) {}
+      plan_(planBuckets(binding, options.nodes.first_bucket_bytes, options.nodes.bucket_bytes,
+                        options.nodes.overlap)),
+      compression_(options.nodes.compression),
+      checksum_interval_(options.nodes.checksum_interval),
+      gather_buffers_(options.buffers == BufferSync::kFromRank0),
+      placement_(rendezvous(group_, options, binding)) {}
 
 std::uint64_t CrossNode::tailBytes() const { return statusBytes(binding_.params().size()); }
 
@@ -102,8 +101,34 @@ StepTotals CrossNode::reduce(const StepTotals& local, std::vector<std::uint8_t>&
   out.collectives = static_cast<int>(pieces_.size());
   out.overlapped = overlapped;
   if (all.failed || all.non_finite) return out;
-  divide(result, any_grad, all.weight_total);
+  sumMetrics(local, out);
+  if (all.weight_total > 0) divide(result, any_grad, all.weight_total);  // 0: refused
   return out;
+}
+
+void CrossNode::sumMetrics(const StepTotals& local, StepTotals& out) {
+  // Every node whose workers returned metrics returns the same names (each
+  // node's parent checked its own against its first step): then the counts
+  // summed are (nodes with metrics) x count. A node without (its workers had
+  // no samples) takes part with zeros.
+  const int with = out.metric_count % kMetricNodes, names = out.metric_count / kMetricNodes;
+  if (with == 0) {
+    out.metric_count = 0;
+    return;
+  }
+  if (names % with != 0 || (local.metric_count > 0 && names != local.metric_count * with))
+    throw InvalidArgument(fmt::format(
+        "gradagg: the nodes' shard functions return different metrics (node {}: {} names, "
+        "{} over the {} nodes that returned any); every node must return the same names",
+        group_.rank(), local.metric_count, names, with));
+  out.metric_count = names / with;
+  if (!metrics_.defined()) metrics_ = at::zeros({ShardResult::kMaxMetrics}, at::kDouble);
+  double* values = metrics_.data_ptr<double>();
+  for (int i = 0; i < ShardResult::kMaxMetrics; ++i)
+    values[i] = i < local.metric_count ? local.metrics[i] : 0;
+  group_.allreduceSum(metrics_, "the cross-node metric allreduce");
+  for (int i = 0; i < out.metric_count; ++i) out.metrics[i] = values[i];
+  ++out.collectives;
 }
 
 void CrossNode::send(Piece& piece, int result) {

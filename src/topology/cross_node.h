@@ -57,8 +57,8 @@ class CrossNode final : public ReductionStage {
  public:
   // The rendezvous (topology/rendezvous.h): the same model and the same
   // start-up agreement on every node (else InvalidArgument on every node),
-  // worker counts exchanged; within options.timeout (else NodeFailed).
-  CrossNode(const NodeOptions& options, BufferSync buffers, ModelBinding& binding, int workers);
+  // worker counts exchanged; within options.nodes.timeout (else NodeFailed).
+  CrossNode(const Options& options, ModelBinding& binding);
   ~CrossNode() override;
 
   const Placement& placement() const { return placement_; }
@@ -89,6 +89,8 @@ class CrossNode final : public ReductionStage {
   // Waits until the early buckets queued this step are sent; returns how many
   // (and starts the count afresh). Rethrows the sender's NodeFailed.
   int awaitSent();
+  // The metrics' sums over the nodes into `out` (a collective of their own).
+  void sumMetrics(const StepTotals& local, StepTotals& out);
   void divide(int result, const std::vector<std::uint8_t>& any_grad, double total);
   // The nodes' parameter checksums must agree (NodeFailed otherwise).
   void checkParameters(std::int64_t step);
@@ -105,7 +107,8 @@ class CrossNode final : public ReductionStage {
   std::vector<Piece> pieces_;
   std::uint64_t wire_bytes_ = 0;  // per step, from this node
   c10::ScalarType status_dtype_ = c10::ScalarType::Double;
-  std::vector<at::Tensor> first_buffers_;  // views of the buffers shareFirstBuffers gets
+  std::vector<at::Tensor> first_buffers_;
+  at::Tensor metrics_;  // ShardResult::kMaxMetrics doubles: the metric sums that cross  // views of the buffers shareFirstBuffers gets
   const std::byte* first_buffers_base_ = nullptr;
   // The sender thread and what it shares with the parent's thread.
   std::thread sender_;

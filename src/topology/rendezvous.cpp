@@ -115,10 +115,11 @@ Placement placementAmong(const std::vector<std::string>& ids, int me) {
   return p;
 }
 
-// What this node says it starts from (NodeOptions' agreement fields), by field name.
-std::map<std::string, std::string> agreementOf(const NodeOptions& o) {
+// What this node says it starts from (the agreement fields), by field name.
+std::map<std::string, std::string> agreementOf(const Options& options) {
+  const NodeOptions& o = options.nodes;
   std::map<std::string, std::string> fields;
-  fields["start_step"] = std::to_string(o.start_step);
+  fields["start_step"] = std::to_string(options.start_step);
   // The step's collectives must have the same shape everywhere.
   fields["compression"] = o.compression == Compression::kBFloat16 ? "bf16" : "none";
   fields["bucket_bytes"] = std::to_string(o.bucket_bytes);
@@ -163,8 +164,7 @@ void requireAgreement(const std::vector<std::string>& all, int me) {
 
 }  // namespace
 
-Placement rendezvous(NodeGroup& group, const NodeOptions& options, const ModelBinding& binding,
-                     int workers) {
+Placement rendezvous(NodeGroup& group, const Options& options, const ModelBinding& binding) {
   const auto layouts = group.exchange("layout", describeLayout(binding));
   for (int r = 0; r < group.size(); ++r) {
     if (layouts[r] == layouts[0]) continue;
@@ -174,7 +174,7 @@ Placement rendezvous(NodeGroup& group, const NodeOptions& options, const ModelBi
   }
   requireAgreement(group.exchange("agreement", encodeTextMap(agreementOf(options))),
                    group.rank());
-  return placementAmong(group.exchange("host", hostIdentity(workers)), group.rank());
+  return placementAmong(group.exchange("host", hostIdentity(options.workers)), group.rank());
 }
 
 void broadcastInitialValues(NodeGroup& group, ModelBinding& binding) {

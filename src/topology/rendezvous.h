@@ -17,12 +17,11 @@ namespace gradagg::detail {
 void requireWideDtypes(const ModelBinding& binding);
 
 // Through the group's store: the same parameter and buffer list everywhere,
-// the same agreement (NodeOptions::start_step, resume_identity, must_match and
-// the collectives' shape), else InvalidArgument on every node naming the first
-// difference; then every node's host identity and worker count, from which
-// this node's Placement follows.
-Placement rendezvous(NodeGroup& group, const NodeOptions& options, const ModelBinding& binding,
-                     int workers);
+// the same agreement (Options::start_step, NodeOptions' resume_identity,
+// must_match and the collectives' shape), else InvalidArgument on every node
+// naming the first difference; then every node's host identity and worker
+// count, from which this node's Placement follows.
+Placement rendezvous(NodeGroup& group, const Options& options, const ModelBinding& binding);
 
 // Node 0's parameters and buffers into every node's (the snapshot, once it is
 // adopted).

@@ -20,11 +20,15 @@ struct StatusFields {
   T weight_total[2];  // D, as a count (putCount)
   T samples[2];       // the samples, as a count
   T loss;             // sum_i n_i loss_i (the workers' weights are n_i across nodes)
-  T unused;
+  T metrics;          // per node: its metric names' count * kMetricNodes, + 1 when it has
+                      // any (a node whose workers had no samples has none); the values
+                      // cross in a collective of their own, in double
   // Then one has-grad count per parameter: the nodes where some worker gave
   // it a gradient.
 };
 inline constexpr std::uint64_t kStatusFields = 8;
+// Exact in float32 for up to kMetricNodes - 1 nodes of ShardResult::kMaxMetrics names.
+inline constexpr int kMetricNodes = 1024;
 static_assert(sizeof(StatusFields<float>) == kStatusFields * sizeof(float) &&
               sizeof(StatusFields<double>) == kStatusFields * sizeof(double));
 
@@ -57,7 +61,7 @@ void writeStatus(std::byte* tail, const StepTotals& local, const std::vector<std
   status_detail::putCount(s->weight_total, static_cast<std::int64_t>(local.weight_total));
   status_detail::putCount(s->samples, local.samples);
   s->loss = static_cast<T>(local.loss);
-  s->unused = 0;
+  s->metrics = static_cast<T>(local.metric_count * kMetricNodes + (local.metric_count > 0));
   T* has_grad = reinterpret_cast<T*>(tail) + kStatusFields;
   for (std::size_t k = 0; k < any_grad.size(); ++k) has_grad[k] = any_grad[k];
 }
@@ -71,6 +75,7 @@ StepTotals readStatus(const std::byte* tail, std::vector<std::uint8_t>& any_grad
   out.weight_total = static_cast<double>(status_detail::getCount(s->weight_total));
   out.samples = status_detail::getCount(s->samples);
   out.loss = out.weight_total > 0 ? static_cast<double>(s->loss) / out.weight_total : 0;
+  out.metric_count = static_cast<int>(s->metrics);  // the sum, as encoded: CrossNode reads it
   const T* has_grad = reinterpret_cast<const T*>(tail) + kStatusFields;
   for (std::size_t k = 0; k < any_grad.size(); ++k) any_grad[k] = has_grad[k] > 0 ? 1 : 0;
   return out;

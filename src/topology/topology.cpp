@@ -4,11 +4,11 @@
 
 namespace gradagg::detail {
 
-Topology joinTopology(const NodeOptions& options, BufferSync buffers, ModelBinding& binding,
-                      int workers) {
+Topology joinTopology(const Options& options, ModelBinding& binding) {
   Topology t;
-  if (options.nodes > 1) {
-    auto stage = std::make_unique<CrossNode>(options, buffers, binding, workers);
+  const int workers = options.workers;
+  if (options.nodes.nodes > 1) {
+    auto stage = std::make_unique<CrossNode>(options, binding);
     t.placement = stage->placement();
     t.stage = std::move(stage);
     return t;

@@ -38,12 +38,12 @@ struct Topology {
   std::unique_ptr<ReductionStage> stage;
 };
 
-// One node (options.nodes == 1): a LocalStage, this node's workers are all.
-// Several: the rendezvous with the other node parents (topology/rendezvous.h),
-// then a CrossNode stage; call stage->attach() once the snapshot is adopted.
-// Throws InvalidArgument (a model or settings the nodes cannot share) or
-// NodeFailed (the rendezvous did not complete within options.timeout).
-Topology joinTopology(const NodeOptions& options, BufferSync buffers, ModelBinding& binding,
-                      int workers);
+// One node (options.nodes.nodes == 1): a LocalStage, this node's workers are
+// all. Several: the rendezvous with the other node parents
+// (topology/rendezvous.h), then a CrossNode stage; call stage->attach() once
+// the snapshot is adopted. Throws InvalidArgument (a model or settings the
+// nodes cannot share) or NodeFailed (the rendezvous did not complete within
+// options.nodes.timeout).
+Topology joinTopology(const Options& options, ModelBinding& binding);
 
 }  // namespace gradagg::detail

@@ -51,7 +51,7 @@ TEST_F(Behaviour, NonPositiveSampleCountIsAWorkerFailedNamingTheField) {
       *model,
       [&](const gradagg::ShardContext& c) {
         return gradagg::ShardResult{model->loss(model->forward(data.x), data.y),
-                                    c.rank == 1 ? 0 : 2};
+                                    c.rank == 1 ? -1 : 2};
       },
       opts(2));
   if (const auto e = expectThrows<gradagg::WorkerFailed>([&] { agg.step(); })) {

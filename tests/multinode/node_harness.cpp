@@ -66,11 +66,29 @@ bool readAll(int fd, void* data, size_t n) {
   return true;
 }
 
+// Metrics as "name value" lines, in full precision.
+std::string encode(const std::map<std::string, double>& metrics) {
+  std::ostringstream out;
+  out.precision(17);
+  for (const auto& [name, value] : metrics) out << name << ' ' << value << '\n';
+  return out.str();
+}
+
+std::map<std::string, double> decode(const std::string& text) {
+  std::map<std::string, double> out;
+  std::istringstream in(text);
+  std::string name;
+  double value;
+  while (in >> name >> value) out[name] = value;
+  return out;
+}
+
 void send(int fd, const NodeResult& r) {
   std::ostringstream buf;
   torch::save(r.params, buf);
   const std::string blob = buf.str();
-  const int64_t header[10] = {r.outcome,
+  const std::string metrics = encode(r.metrics) + "--\n" + encode(r.worker0_metrics);
+  const int64_t header[11] = {r.outcome,
                              r.usable_after,
                              r.children_after,
                              r.retry,
@@ -79,18 +97,20 @@ void send(int fd, const NodeResult& r) {
                              static_cast<int64_t>(blob.size()),
                              static_cast<int64_t>(r.node_bytes),
                              r.collectives,
-                             r.overlapped};
+                             r.overlapped,
+                             static_cast<int64_t>(metrics.size())};
   writeAll(fd, header, sizeof(header));
   writeAll(fd, &r.seconds, sizeof(r.seconds));
   writeAll(fd, r.what.data(), r.what.size());
   writeAll(fd, r.retry_what.data(), r.retry_what.size());
   writeAll(fd, blob.data(), blob.size());
+  writeAll(fd, metrics.data(), metrics.size());
 }
 
 // Nothing (outcome kOther) when the node died before it sent anything.
 NodeResult receive(int fd) {
   NodeResult r;
-  int64_t header[10];
+  int64_t header[11];
   if (!readAll(fd, header, sizeof(header))) return r;
   r.collectives = static_cast<int>(header[8]);
   r.overlapped = static_cast<int>(header[9]);
@@ -106,8 +126,15 @@ NodeResult receive(int fd) {
   readAll(fd, r.what.data(), r.what.size());
   readAll(fd, r.retry_what.data(), r.retry_what.size());
   readAll(fd, blob.data(), blob.size());
+  std::string metrics(header[10], '\0');
+  readAll(fd, metrics.data(), metrics.size());
   std::istringstream in(blob);
   torch::load(r.params, in);
+  const auto split = metrics.find("--\n");
+  if (split != std::string::npos) {
+    r.metrics = decode(metrics.substr(0, split));
+    r.worker0_metrics = decode(metrics.substr(split + 3));
+  }
   return r;
 }
 
@@ -138,7 +165,7 @@ NodeResult trainNode(const NodeRun& run) {
   o.nodes.first_bucket_bytes = std::min(run.bucket_bytes, o.nodes.first_bucket_bytes);
   o.nodes.overlap = run.overlap;
   o.accumulation_steps = run.accumulation_steps;
-  o.nodes.start_step = run.start_step;
+  o.start_step = run.start_step;
   o.nodes.resume_identity = run.resume_identity;
   o.nodes.must_match = run.must_match;
   o.nodes.interface = "lo";
@@ -168,7 +195,11 @@ NodeResult trainNode(const NodeRun& run) {
                   std::this_thread::sleep_for(std::chrono::milliseconds(run.slow_first_layer_ms));
                 });
               }
-              const auto bounds = shardBounds(run.batch, c.global_workers, run.unequal);
+              const int contributors =
+                  run.empty_from_global_rank >= 0 ? run.empty_from_global_rank : c.global_workers;
+              if (c.step == run.all_empty_at_step || c.global_rank >= contributors)
+                return gradagg::ShardResult{torch::Tensor(), 0, {}};
+              const auto bounds = shardBounds(run.batch, contributors, run.unequal);
               int64_t b = bounds[c.global_rank], e = bounds[c.global_rank + 1];
               if (c.micro_steps > 1) {  // this worker's shard, cut in micro-batches
                 const int64_t n = e - b;
@@ -178,12 +209,21 @@ NodeResult trainNode(const NodeRun& run) {
               }
               auto loss = model->loss(model->forward(data.x.slice(0, b, e)), data.y.slice(0, b, e));
               if (c.step == run.nan_loss_at_step && c.rank == 0) loss = loss * std::nan("");
-              return gradagg::ShardResult{loss, e - b};
+              gradagg::ShardResult r{loss, e - b, {}};
+              if (run.metrics_and_message)
+                r.metrics = {{"rows", static_cast<double>(e - b)},
+                             {"step", static_cast<double>(c.step)},
+                             {"seen_node", c.message.at("node").item<double>()}};
+              return r;
             },
             o);
         for (int s = 0; s < run.steps; ++s) {
           sgd.zero_grad();
-          const gradagg::StepReport& report = agg->step();
+          gradagg::Message message;
+          if (run.metrics_and_message) message.set("node", run.node);
+          const gradagg::StepReport& report = agg->step(message);
+          result.metrics = report.metrics;
+          result.worker0_metrics = report.workers[0].metrics;
           result.node_bytes = report.node_bytes;
           result.collectives = report.node_collectives;
           result.overlapped += report.node_overlapped;

@@ -50,6 +50,13 @@ struct NodeRun {
   int kill_worker_in_backward_at_step = -1;
   bool drop_grads = false;  // the shard function sets every .grad to undefined first
   int slow_first_layer_ms = 0;  // backward sleeps this long before the first parameter's gradient
+  // Each step the parent sends {"node": node} as the message, and the shard
+  // function returns the metrics rows, step and seen_node (the message's node).
+  bool metrics_and_message = false;
+  // Workers of this global rank and above have 0 samples every step; the batch
+  // is shared by the others.
+  int empty_from_global_rank = -1;
+  int all_empty_at_step = -1;  // every worker of this node has 0 samples then
 };
 
 // How a call ended: normally, or with which error.
@@ -79,6 +86,8 @@ struct NodeResult {
   int children_after = -1;  // the node's child processes (its workers) still there
   Outcome retry = kOther;
   std::string retry_what;
+  // The last step's StepReport::metrics and its workers[0].metrics.
+  std::map<std::string, double> metrics, worker0_metrics;
 };
 
 // Trains on this node: worker r takes the global shard of global rank offset + r.

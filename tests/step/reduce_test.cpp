@@ -209,26 +209,50 @@ namespace gradagg::detail {
 namespace {
 
 TEST(WeightRule, GivesEachSlotItsShareOfTheSamplesAndTheFactorItsSlotNeeds) {
-  const std::int64_t samples[] = {3, 1, 4};
+  const SlotCounts counts[] = {{3, 1}, {1, 1}, {4, 1}};
   SlotWeight w[3];
   WeightRule by_samples;
-  EXPECT_EQ(by_samples.apply(samples, 3, w), 8.0);
+  EXPECT_EQ(by_samples.apply(counts, 3, w), 8.0);
   EXPECT_EQ(w[0].weight, 3.0 / 8);
   EXPECT_EQ(w[2].factor, 4.0 / 8);
   WeightRule equal{true, 1, false};
-  EXPECT_EQ(equal.apply(samples, 3, w), 3.0);
+  EXPECT_EQ(equal.apply(counts, 3, w), 3.0);
   EXPECT_EQ(w[1].weight, 1.0 / 3);
   // Accumulating 2 micro-batches: a slot holds sum_j n_j g_j, or sum_j g_j.
+  const SlotCounts two[] = {{3, 2}, {1, 2}, {4, 2}};
   WeightRule accumulated{false, 2, false};
-  accumulated.apply(samples, 3, w);
+  accumulated.apply(two, 3, w);
   EXPECT_EQ(w[0].factor, (3.0 / 8) / 3);
   WeightRule equal_accumulated{true, 2, false};
-  equal_accumulated.apply(samples, 3, w);
+  equal_accumulated.apply(two, 3, w);
   EXPECT_EQ(w[0].factor, (1.0 / 3) / 2);
   // Divided later (a stage combines groups): unnormalised, D still reported.
   WeightRule later{false, 1, true};
-  EXPECT_EQ(later.apply(samples, 3, w), 8.0);
+  EXPECT_EQ(later.apply(counts, 3, w), 8.0);
   EXPECT_EQ(w[2].weight, 4.0);
+}
+
+TEST(WeightRule, LeavesOutWorkersWithNoSamples) {
+  const SlotCounts counts[] = {{3, 1}, {0, 0}, {5, 1}};
+  SlotWeight w[3];
+  EXPECT_EQ(WeightRule{}.apply(counts, 3, w), 8.0);
+  EXPECT_EQ(w[1].weight, 0.0);
+  EXPECT_EQ(w[1].factor, 0.0);
+  EXPECT_EQ(w[2].weight, 5.0 / 8);
+  // Equal weighting counts contributors, not workers.
+  WeightRule equal{true, 1, false};
+  EXPECT_EQ(equal.apply(counts, 3, w), 2.0);
+  EXPECT_EQ(w[0].weight, 0.5);
+  // Accumulating, the equal factor divides by the micro-batches that had samples.
+  const SlotCounts partial[] = {{6, 2}, {1, 1}};
+  WeightRule equal_accumulated{true, 3, false};
+  equal_accumulated.apply(partial, 2, w);
+  EXPECT_EQ(w[0].factor, 0.5 / 2);
+  EXPECT_EQ(w[1].factor, 0.5 / 1);
+  // Nobody had a sample: D = 0 and every weight 0.
+  const SlotCounts none[] = {{0, 0}, {0, 0}};
+  EXPECT_EQ(WeightRule{}.apply(none, 2, w), 0.0);
+  EXPECT_EQ(w[0].weight, 0.0);
 }
 
 }  // namespace

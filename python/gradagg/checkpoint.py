@@ -1,0 +1,274 @@
+"""gradagg.Checkpoint: a training's state in one file, for Python.
+
+The file is the C++ ``gradagg::Checkpoint``'s envelope (checkpoint/durable_file.h,
+bound by the _core extension): written to ``<path>.tmp-<pid>``, fsync'ed, renamed
+over ``<path>``, the directory fsync'ed; read back only after its length and
+CRC-64 are checked, before ``torch.load`` parses a byte. Inside it is what
+``torch.save`` makes of one dict: the model's state_dict, the optimizer's and the
+scheduler's, the step, torch's and Python's random states, your ``user`` values
+and the ``settings`` a resume must share. ``load()`` checks that everything fits
+before it changes anything. Every failure is a :class:`CheckpointError` naming
+the file (its ``path``).
+
+The content is a pickle: ``torch.load`` runs what it names. The CRC catches
+damage, not intent, so load only checkpoints you (or your run) wrote.
+"""
+import dataclasses
+import io
+import operator
+import os
+import random
+
+import torch
+
+from gradagg._core import _check_writable, _read_verified, _write_durably
+from gradagg.errors import CheckpointError, InvalidArgument
+
+_FORMAT = "gradagg Python checkpoint v1"
+
+
+@dataclasses.dataclass
+class TrainingState:
+    """What :meth:`Checkpoint.load` returns: where the run was and what it was started with."""
+
+    step: int = 0  #: optimizer steps done in all (give it to Aggregator(start_step=...))
+    user: dict = dataclasses.field(default_factory=dict)  #: the ``user`` values given to save()
+    settings: dict = dataclasses.field(default_factory=dict)  #: the saved settings
+    identity: str = ""  #: the file's identity() (NodeOptions.resume_identity)
+
+
+def _identity(crc, length):
+    """The C++ Checkpoint::identity(): the content's CRC-64 and length in hex."""
+    return f"{crc:016x}-{length:x}"
+
+
+def _type_name(obj):
+    t = type(obj)
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def _describe(value):
+    """A tensor as "[8, 5] torch.float32" (else its repr)."""
+    if isinstance(value, torch.Tensor):
+        return f"[{', '.join(str(s) for s in value.shape)}] {value.dtype}"
+    return repr(value)
+
+
+def _same(a, b):
+    try:
+        return bool(a == b)
+    except Exception:  # e.g. tensors, whose == is not a truth value
+        return False
+
+
+class Checkpoint:
+    """A checkpoint file at ``path``: ``save()`` writes it whole or not at all,
+    ``load()`` verifies it and refuses one that does not fit, changing nothing.
+
+    Unless ``read_only``, the constructor checks that the file can be written (its
+    directory exists and accepts a new file), so a bad path fails when the run
+    starts, not at its first save; with ``read_only=True`` only ``load()``,
+    ``exists()`` and ``identity()`` are allowed.
+    """
+
+    def __init__(self, path, *, read_only=False):
+        try:
+            self._path = os.fsdecode(os.fspath(path))
+        except TypeError:
+            raise InvalidArgument(
+                f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
+        self._read_only = bool(read_only)
+        if not self._read_only:
+            _check_writable(self._path)
+
+    @property
+    def path(self):
+        """The file, as given."""
+        return self._path
+
+    @property
+    def read_only(self):
+        return self._read_only
+
+    def exists(self):
+        """Whether there is a file at path (not whether it is intact: load() checks that)."""
+        return os.path.exists(self._path)
+
+    def identity(self):
+        """The file's content CRC-64 and length in hex, as C++'s identity() ("" when there is no
+        file); verifies the file as load() does."""
+        if not self.exists():
+            return ""
+        payload, crc = _read_verified(self._path)
+        return _identity(crc, len(payload))
+
+    def save(self, model, optimizer=None, *, step, scheduler=None, user=None, settings=None):
+        """Writes ``model``'s state_dict, ``optimizer``'s and ``scheduler``'s (when given), the
+        ``step`` (optimizer steps done in all), torch's default CPU generator and Python's
+        ``random`` state, ``user`` (a dict of your own values: epoch sums, a data cursor...) and
+        ``settings`` (a dict of what a resume must share: seed, batch, data...).
+
+        The file is replaced whole or not at all: on any failure (a full disk, a file-size
+        limit, an I/O error) it keeps its previous content and CheckpointError names it.
+        """
+        if self._read_only:
+            self._fail("was opened read-only (read_only=True): save() is not allowed")
+        step = self._step(step)
+        self._check_model_type(model)
+        content = {
+            "format": _FORMAT,
+            "step": step,
+            # Copies: the Aggregator's parameters are views into its shared memory.
+            "model": {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+                      for k, v in model.state_dict().items()},
+            "optimizer": None if optimizer is None else {
+                "type": _type_name(optimizer), "state": optimizer.state_dict()},
+            "scheduler": None if scheduler is None else {
+                "type": _type_name(scheduler), "state": scheduler.state_dict()},
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": random.getstate(),
+            "user": dict(user or {}),
+            "settings": dict(settings or {}),
+        }
+        buffer = io.BytesIO()
+        try:
+            torch.save(content, buffer)
+        except Exception as e:
+            self._fail(f"serialising failed: {type(e).__name__}: {e}", e)
+        _write_durably(self._path, buffer.getvalue())
+
+    def load(self, model, optimizer=None, *, scheduler=None, settings=None):
+        """Verifies the file and loads it into ``model``, ``optimizer`` and ``scheduler`` (None:
+        not loaded), restores torch's and Python's random states and returns a
+        :class:`TrainingState`.
+
+        ``settings`` must equal the saved ones key for key (a key missing on either side
+        differs too). Before anything is changed, every parameter and buffer of ``model`` must
+        be in the file with its shape and dtype, the optimizer and scheduler of the saved types
+        and parameter groups; else CheckpointError names the first that differs and both
+        values, and nothing is changed.
+        """
+        self._check_model_type(model)
+        payload, crc = _read_verified(self._path)  # a missing, truncated or corrupt file
+        content = self._parse(payload)
+        self._check_settings(content["settings"], dict(settings or {}))
+        self._check_model(model, content["model"])
+        self._check_optimizer(optimizer, content["optimizer"])
+        self._check_scheduler(scheduler, content["scheduler"])
+        try:
+            model.load_state_dict(content["model"], strict=True)
+            if optimizer is not None:
+                optimizer.load_state_dict(content["optimizer"]["state"])
+            if scheduler is not None:
+                scheduler.load_state_dict(content["scheduler"]["state"])
+            torch.set_rng_state(content["torch_rng"])
+            random.setstate(content["python_rng"])
+        except Exception as e:
+            self._fail(f"loading failed: {type(e).__name__}: {e}", e)
+        return TrainingState(step=content["step"], user=content["user"],
+                             settings=content["settings"],
+                             identity=_identity(crc, len(payload)))
+
+    def __repr__(self):
+        return f"gradagg.Checkpoint({self._path!r}{', read_only=True' if self._read_only else ''})"
+
+    # -- what load() checks, in order -----------------------------------------------------
+
+    def _parse(self, payload):
+        try:
+            content = torch.load(io.BytesIO(payload), map_location="cpu")
+        except Exception as e:
+            self._fail(f"cannot be parsed: {type(e).__name__}: {e}", e)
+        keys = ("step", "model", "optimizer", "scheduler", "torch_rng", "python_rng", "user",
+                "settings")
+        if (not isinstance(content, dict) or content.get("format") != _FORMAT
+                or any(k not in content for k in keys)):
+            self._fail(f"is not a {_FORMAT} file (a C++ gradagg::Checkpoint is read by C++)")
+        return content
+
+    def _check_settings(self, theirs, mine):
+        for key, value in mine.items():
+            if key not in theirs or not _same(theirs[key], value):
+                saved = repr(theirs[key]) if key in theirs else "(not set)"
+                self._fail(f"was written with {key} = {saved}, this run has {key} = {value!r}; "
+                           f"resume with the settings of the run that saved it")
+        for key, value in theirs.items():
+            if key not in mine:
+                self._fail(f"was written with {key} = {value!r}, this run does not set {key}")
+
+    def _check_model(self, model, saved):
+        mine = model.state_dict()
+        for name, tensor in mine.items():
+            if name not in saved:
+                self._fail(f"holds no '{name}' ({_describe(tensor)} in this model): it is a "
+                           f"checkpoint of another model")
+            theirs = saved[name]
+            if isinstance(tensor, torch.Tensor) != isinstance(theirs, torch.Tensor) or (
+                    isinstance(tensor, torch.Tensor) and (theirs.shape != tensor.shape
+                                                          or theirs.dtype != tensor.dtype)):
+                self._fail(f"'{name}' is {_describe(theirs)} there, {_describe(tensor)} in this "
+                           f"model")
+        for name, theirs in saved.items():
+            if name not in mine:
+                self._fail(f"holds '{name}' ({_describe(theirs)}), which this model does not "
+                           f"have: it is a checkpoint of another model")
+
+    def _check_optimizer(self, optimizer, saved):
+        if optimizer is None:
+            return
+        if saved is None:
+            self._fail("holds no optimizer state (it was saved without an optimizer)")
+        if saved["type"] != _type_name(optimizer):
+            self._fail(f"holds the state of a {saved['type']}, this optimizer is a "
+                       f"{_type_name(optimizer)}")
+        groups, their_groups = optimizer.param_groups, saved["state"]["param_groups"]
+        if len(groups) != len(their_groups):
+            self._fail(f"holds {len(their_groups)} parameter groups, this optimizer has "
+                       f"{len(groups)}")
+        params = {}
+        for i, (group, theirs) in enumerate(zip(groups, their_groups)):
+            if len(group["params"]) != len(theirs["params"]):
+                self._fail(f"parameter group {i} has {len(theirs['params'])} parameters there, "
+                           f"{len(group['params'])} in this optimizer")
+            params.update(zip(theirs["params"], group["params"]))
+        # Per-parameter state (Adam's moments, SGD's momentum) of each parameter's shape.
+        for index, state in saved["state"]["state"].items():
+            param = params.get(index)
+            for key, value in state.items():
+                if (param is not None and isinstance(value, torch.Tensor) and value.dim() > 0
+                        and value.shape != param.shape):
+                    self._fail(f"optimizer state '{key}' of parameter {index} is "
+                               f"{_describe(value)} there, the parameter is {_describe(param)} "
+                               f"in this optimizer")
+
+    def _check_scheduler(self, scheduler, saved):
+        if scheduler is None:
+            return
+        if saved is None:
+            self._fail("holds no scheduler state (it was saved without a scheduler)")
+        if saved["type"] != _type_name(scheduler):
+            self._fail(f"holds the state of a {saved['type']}, this scheduler is a "
+                       f"{_type_name(scheduler)}")
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _fail(self, what, cause=None):
+        raise CheckpointError(f"gradagg: checkpoint {self._path}: {what}", self._path) from cause
+
+    @staticmethod
+    def _step(step):
+        try:
+            step = operator.index(step)
+        except TypeError:
+            raise InvalidArgument(
+                f"step: expected an int >= 0, got {type(step).__name__}") from None
+        if step < 0:
+            raise InvalidArgument(f"step: expected an int >= 0, got {step}")
+        return step
+
+    @staticmethod
+    def _check_model_type(model):
+        if not callable(getattr(model, "state_dict", None)) or not callable(
+                getattr(model, "load_state_dict", None)):
+            raise InvalidArgument(
+                f"model: expected a torch.nn.Module, got {type(model).__name__}")

@@ -1,0 +1,54 @@
+// gradagg.Checkpoint's file handling is the C++ Checkpoint's, not a copy of it:
+// the temporary file, fsync, rename, directory fsync and the CRC-64 checked
+// before anything is parsed (checkpoint/durable_file.cpp). Python only makes
+// the payload (torch.save) and reads it back (torch.load).
+#include "durable.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "checkpoint/durable_file.h"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace gradagg::python {
+
+void bindDurable(py::module_& m) {
+  m.def(
+      "_check_writable",
+      [](const std::string& path) {
+        py::gil_scoped_release nogil;
+        detail::checkWritable(path);
+      },
+      "path"_a,
+      "Raises CheckpointError unless a new file can be written at path (a probe file is "
+      "created and removed).");
+  m.def(
+      "_write_durably",
+      [](const std::string& path, const py::bytes& payload) {
+        std::string bytes = payload;  // copied while the GIL is held
+        py::gil_scoped_release nogil;
+        detail::writeDurably(path, bytes);
+      },
+      "path"_a, "payload"_a,
+      "Writes header + payload to <path>.tmp-<pid>, fsyncs it, renames it over path and fsyncs "
+      "the directory; on failure path keeps what it had and CheckpointError is raised.");
+  m.def(
+      "_read_verified",
+      [](const std::string& path) {
+        std::uint64_t crc = 0;
+        std::string payload;
+        {
+          py::gil_scoped_release nogil;
+          payload = detail::readVerified(path, &crc);
+        }
+        return py::make_tuple(py::bytes(payload), crc);
+      },
+      "path"_a,
+      "(payload, crc): the content of path after its header, length and CRC-64 were checked; "
+      "CheckpointError otherwise.");
+}
+
+}  // namespace gradagg::python

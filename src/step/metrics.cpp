@@ -1,0 +1,88 @@
+#include "step/metrics.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace gradagg::detail {
+
+MetricBook::MetricBook(const SegmentMap& map) : map_(map) {}
+
+bool MetricBook::matches(const WorkerControl& c) const {
+  if (c.metric_count != names_.size()) return false;
+  for (std::size_t i = 0; i < names_.size(); ++i)
+    if (std::strcmp(c.metrics[i].name, names_[i].c_str()) != 0) return false;
+  return true;
+}
+
+std::string MetricBook::namesOf(const WorkerControl& c) const {
+  std::string out;
+  for (std::uint32_t i = 0; i < c.metric_count; ++i)
+    out += fmt::format("{}'{}'", i == 0 ? "" : ", ", c.metrics[i].name);
+  return out.empty() ? "none" : out;
+}
+
+std::string MetricBook::collect(StepTotals& totals) {
+  const int n = map_.workers();
+  int first = -1;  // the worker whose names are the agreed ones on the first step
+  if (!agreed_) {
+    for (int r = 0; r < n && first < 0; ++r)
+      if (map_.control(r).samples > 0) first = r;
+    if (first < 0) return "";  // nobody had samples: the step is refused anyway
+    const WorkerControl& c = map_.control(first);
+    for (std::uint32_t i = 0; i < c.metric_count; ++i) names_.emplace_back(c.metrics[i].name);
+  }
+  for (int r = 0; r < n; ++r) {
+    const WorkerControl& c = map_.control(r);
+    if (matches(c) || (c.samples == 0 && c.metric_count == 0)) continue;
+    std::string error;
+    if (agreed_) {
+      std::string agreed;
+      for (std::size_t i = 0; i < names_.size(); ++i)
+        agreed += fmt::format("{}'{}'", i == 0 ? "" : ", ", names_[i]);
+      error = fmt::format("worker {} returned the metrics {}; the first step's were {}", r,
+                          namesOf(c), agreed.empty() ? "none" : agreed);
+    } else {
+      error = fmt::format("worker {} returned the metrics {} and worker {} {}", r, namesOf(c),
+                          first, namesOf(map_.control(first)));
+      names_.clear();
+    }
+    return error +
+           "; the shard function must return the same metric names in every worker and every "
+           "step (a worker with 0 samples may return none)";
+  }
+  agreed_ = true;
+  totals.metric_count = static_cast<int>(names_.size());
+  for (std::size_t i = 0; i < names_.size(); ++i) {
+    double sum = 0;
+    for (int r = 0; r < n; ++r) {
+      const WorkerControl& c = map_.control(r);
+      if (c.metric_count > 0) sum += c.metrics[i].value;
+    }
+    totals.metrics[i] = sum;
+  }
+  return "";
+}
+
+void MetricBook::report(const StepTotals& totals, StepReport& report) const {
+  if (report.metrics.size() != names_.size()) {
+    report.metrics.clear();
+    for (const std::string& name : names_) report.metrics[name] = 0;
+    for (WorkerReport& w : report.workers) w.metrics = report.metrics;
+  }
+  std::size_t i = 0;
+  for (auto& entry : report.metrics) {
+    entry.second = i < static_cast<std::size_t>(totals.metric_count) ? totals.metrics[i] : 0;
+    ++i;
+  }
+  for (int r = 0; r < map_.workers(); ++r) {
+    const WorkerControl& c = map_.control(r);
+    i = 0;
+    for (auto& entry : report.workers[r].metrics) {
+      entry.second = c.metric_count > i ? c.metrics[i].value : 0;
+      ++i;
+    }
+  }
+}
+
+}  // namespace gradagg::detail
