@@ -106,7 +106,8 @@ def test_a_message_that_does_not_fit_is_refused_before_anything_runs():
         before = [p.detach().clone() for p in model.parameters()]
         with pytest.raises(gradagg.InvalidArgument, match="4096 bytes"):
             agg.step({"big": torch.zeros(4096)})
-        with pytest.raises(gradagg.InvalidArgument, match="message 'x': expected a torch.Tensor, int or float, got str"):
+        with pytest.raises(gradagg.InvalidArgument,
+                           match="message 'x': expected a torch.Tensor, int or float, got str"):
             agg.step({"x": "text"})
         with pytest.raises(gradagg.InvalidArgument, match="message"):
             agg.step([1, 2])

@@ -54,32 +54,6 @@ TEST_F(Behaviour, ANegativeStartStepIsAnInvalidArgumentNamingTheField) {
   }
 }
 
-// Each worker's draw from LibTorch's default generator in each step, as samples.
-std::vector<int64_t> draws(int64_t start_step, int steps) {
-  auto model = makeModel(ModelKind::kLinear, torch::kFloat);
-  const Data data = makeData(ModelKind::kLinear, 4, torch::kFloat);
-  auto o = opts(2);
-  o.start_step = start_step;
-  gradagg::Aggregator agg(
-      *model,
-      [&](const gradagg::ShardContext&) {
-        const int64_t draw = 1 + static_cast<int64_t>(torch::rand({1}).item<double>() * 1e9);
-        return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), draw};
-      },
-      o);
-  std::vector<int64_t> out;
-  for (int s = 0; s < steps; ++s)
-    for (const auto& w : agg.step().workers) out.push_back(w.samples);
-  return out;
-}
-
-TEST_F(Behaviour, WorkersSeedFromTheGlobalStep) {
-  const auto from_zero = draws(0, 5);
-  const auto from_three = draws(3, 2);
-  EXPECT_EQ(from_three, std::vector<int64_t>(from_zero.begin() + 6, from_zero.end()))
-      << "steps 3 and 4 of a run that started at 3 drew other numbers than the whole run's";
-}
-
 // --- resume in a fresh process ----------------------------------------------------------
 
 struct DropoutNet : torch::nn::Module {

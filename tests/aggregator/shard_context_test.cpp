@@ -23,11 +23,12 @@ TEST_F(Behaviour, ShardFunctionIsToldItsRankWorkerCountAndStep) {
 }
 
 // Worker r's draw from LibTorch's default generator in step s, as a sample count.
-std::vector<int64_t> randomDraws(bool seed_workers, int steps) {
+std::vector<int64_t> randomDraws(bool seed_workers, int steps, int64_t start_step = 0) {
   auto model = makeModel(ModelKind::kLinear, torch::kFloat);
   const Data data = makeData(ModelKind::kLinear, 4, torch::kFloat);
   auto o = opts(3);
   o.seed_workers = seed_workers;
+  o.start_step = start_step;
   gradagg::Aggregator agg(
       *model,
       [&](const gradagg::ShardContext&) {
@@ -50,6 +51,12 @@ TEST_F(Behaviour, WorkersDrawDifferentRandomNumbersReproducibly) {
   // Unseeded, every worker continues the stream it inherited: all draw alike.
   const auto inherited = randomDraws(false, 1);
   EXPECT_EQ(inherited[0], inherited[1]);
+}
+
+TEST_F(Behaviour, WorkersSeedFromTheGlobalStep) {
+  const auto from_zero = randomDraws(true, 5), from_three = randomDraws(true, 2, 3);
+  EXPECT_EQ(from_three, std::vector<int64_t>(from_zero.begin() + 9, from_zero.end()))
+      << "steps 3 and 4 of a run that started at 3 drew other numbers than the whole run's";
 }
 
 TEST_F(Behaviour, ReportGivesLossSamplesAndPhaseTimes) {
