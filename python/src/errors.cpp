@@ -9,6 +9,13 @@ namespace gradagg::python {
 
 namespace {
 
+// Text from C++ as a Python str, invalid UTF-8 replaced rather than raising
+// UnicodeDecodeError in place of the error it describes.
+py::str text(const std::string& s) {
+  return py::reinterpret_steal<py::str>(
+      PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace"));
+}
+
 // Sets the Python error to errors.<name>(*args); the classes live as long as the module.
 template <class... Args>
 void raise(const char* name, Args&&... args) {
@@ -27,28 +34,29 @@ void registerErrors() {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const NonFiniteGradient& e) {
-      raise("NonFiniteGradient", e.what(), e.rank(), phaseName(e.phase()), e.message(),
-            e.parameter());
+      raise("NonFiniteGradient", text(e.what()), e.rank(), phaseName(e.phase()),
+            text(e.message()), e.parameter());
     } catch (const WorkerFailed& e) {
-      raise("WorkerFailed", e.what(), e.rank(), phaseName(e.phase()), e.message());
+      raise("WorkerFailed", text(e.what()), e.rank(), phaseName(e.phase()), text(e.message()));
     } catch (const WorkerDied& e) {
-      raise("WorkerDied", e.what(), e.rank(), phaseName(e.phase()), e.exitStatus(), e.signal());
+      raise("WorkerDied", text(e.what()), e.rank(), phaseName(e.phase()), e.exitStatus(),
+            e.signal());
     } catch (const StepTimeout& e) {
-      raise("StepTimeout", e.what(), e.rank(), phaseName(e.phase()));
+      raise("StepTimeout", text(e.what()), e.rank(), phaseName(e.phase()));
     } catch (const NodeFailed& e) {
-      raise("NodeFailed", e.what(), e.node());
+      raise("NodeFailed", text(e.what()), e.node());
     } catch (const InvalidArgument& e) {
-      raise("InvalidArgument", e.what());
+      raise("InvalidArgument", text(e.what()));
     } catch (const CheckpointError& e) {
-      raise("CheckpointError", e.what(), e.path());
+      raise("CheckpointError", text(e.what()), e.path());
     } catch (const FileError& e) {
-      raise("FileError", e.what(), e.path());
+      raise("FileError", text(e.what()), e.path());
     } catch (const NotUsable& e) {
-      raise("NotUsable", e.what());
+      raise("NotUsable", text(e.what()));
     } catch (const InternalError& e) {
-      raise("InternalError", e.what());
+      raise("InternalError", text(e.what()));
     } catch (const Error& e) {
-      raise("Error", e.what());
+      raise("Error", text(e.what()));
     }
   });
 }

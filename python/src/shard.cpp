@@ -41,10 +41,19 @@ std::string describePythonError(py::error_already_set& e) {
   } catch (const py::error_already_set&) {}
   const auto first_newline = head.find('\n');
   if (first_newline != std::string::npos) head.resize(first_newline);
-  std::string text = head + "\n" + trace;
-  if (text.size() > kRoom)
-    text = head + "\n...\n" + trace.substr(trace.size() - (kRoom - head.size() - 5));
-  return text;
+  if (head.size() + 1 + trace.size() <= kRoom) return head + "\n" + trace;
+  // The exception's line (at most half the room), then the end of the
+  // traceback, each cut between UTF-8 characters.
+  const auto continuation = [](char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; };
+  if (head.size() > kRoom / 2) {
+    std::size_t n = kRoom / 2 - 3;
+    while (n > 0 && continuation(head[n])) --n;
+    head = head.substr(0, n) + "...";
+  }
+  const std::size_t room = kRoom - head.size() - 5;  // "\n...\n"
+  std::size_t from = trace.size() > room ? trace.size() - room : 0;
+  while (from < trace.size() && continuation(trace[from])) ++from;
+  return head + "\n...\n" + trace.substr(from);
 }
 
 

@@ -247,6 +247,21 @@ def test_every_failed_worker_is_named():
     assert "worker 1 failed" not in text
 
 
+@pytest.mark.parametrize("text", ["x" * 3000, "\u00e9" * 1500, "a\n" + "\u20ac" * 700])
+def test_a_long_or_multibyte_error_text_still_reaches_the_parent(text):
+    def shard(ctx):
+        raise ValueError(text)
+
+    with gradagg.Aggregator(mlp(), shard, workers=1) as agg:
+        with pytest.raises(gradagg.WorkerFailed) as info:
+            agg.step()
+    message = info.value.worker_message
+    first = text.split("\n")[0]
+    assert message.startswith("ValueError: " + first[:100]), message[:200]
+    assert "\ufffd" not in message  # cut between characters, nothing replaced
+    assert message.rstrip().endswith(text[-10:])  # the traceback's end is there too
+
+
 def test_writing_a_parameter_in_a_worker_names_it():
     model = mlp()
     x, y = data(8)

@@ -147,7 +147,9 @@ void SlotWriter::failed() noexcept {
     what = "unknown exception (not derived from std::exception)";
   }
   control_.status = static_cast<std::uint32_t>(status);
-  const std::size_t n = std::min(what.size(), kMessageBytes - 1);
+  std::size_t n = std::min(what.size(), kMessageBytes - 1);
+  // Cut between UTF-8 characters, never inside one (Python decodes the text).
+  while (n > 0 && n < what.size() && (static_cast<unsigned char>(what[n]) & 0xC0) == 0x80) --n;
   std::memcpy(control_.message, what.data(), n);
   control_.message[n] = '\0';
 }

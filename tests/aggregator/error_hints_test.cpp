@@ -39,6 +39,24 @@ TEST_F(Behaviour, EveryWorkerThatFailedIsNamedTheFirstInFull) {
   EXPECT_TRUE(agg.usable());
 }
 
+TEST_F(Behaviour, ALongMessageIsCutBetweenUtf8Characters) {
+  auto model = makeModel(ModelKind::kLinear, torch::kFloat);
+  std::string long_text = "x";  // then 2-byte characters: an even cut would split one
+  for (int i = 0; i < 1000; ++i) long_text += "\u00e9";
+  gradagg::Aggregator agg(
+      *model,
+      [&](const gradagg::ShardContext&) -> gradagg::ShardResult {
+        throw std::runtime_error(long_text);
+      },
+      opts(1));
+  if (const auto e = expectThrows<gradagg::WorkerFailed>([&] { agg.step(); })) {
+    const std::string& m = e->message();
+    ASSERT_GT(m.size(), 900u);
+    EXPECT_EQ(m.size() % 2, 1u) << "cut inside a character";
+    EXPECT_EQ(long_text.compare(0, m.size(), m), 0);
+  }
+}
+
 TEST_F(Behaviour, AShardFunctionThatRunsBackwardItselfIsToldGradaggDoes) {
   auto model = makeModel(ModelKind::kMlp, torch::kFloat);
   const Data data = makeData(ModelKind::kMlp, 8, torch::kFloat);
