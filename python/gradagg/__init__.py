@@ -46,8 +46,9 @@ _OPTION_NAMES = ("workers", "weighting", "buffers", "threads_per_worker", "paren
 class Aggregator(_Aggregator):
     """Forks ``workers`` workers that compute the gradient of ``model`` on their shards.
 
-    ``model`` is a ``torch.nn.Module`` on the CPU with float32 or float64
-    parameters (a TorchScript ``ScriptModule`` too). Its parameters and buffers
+    ``model`` is a ``torch.nn.Module`` on the CPU with float32, float64,
+    bfloat16 or float16 parameters, mixed as you like (a TorchScript
+    ``ScriptModule`` too). Its parameters and buffers
     move into shared memory, keeping their identity: an optimizer created before
     or after sees the same tensors. Do not replace them afterwards (an error at
     the next step); create a new Aggregator for a new layout.
