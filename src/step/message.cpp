@@ -117,9 +117,11 @@ void MessageWriter::write(const Message& message) {
     for (int d = 0; d < t.dim(); ++d) out.sizes[d] = t.size(d);
     out.offset = offset;
     out.bytes = static_cast<std::uint64_t>(t.numel()) * t.element_size();
-    if (out.bytes > 0) {
+    if (out.bytes > 0 && t.is_contiguous()) {
+      std::memcpy(region_ + offset, t.data_ptr(), out.bytes);  // the common case: one memcpy
+    } else if (out.bytes > 0) {
       at::Tensor dst = at::from_blob(region_ + offset, t.sizes(), t.options());
-      dst.copy_(t);
+      dst.copy_(t);  // a view: gathered into place
     }
     offset = alignUp(offset + out.bytes, kAlign);
   }
