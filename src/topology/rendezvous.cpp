@@ -124,6 +124,14 @@ std::map<std::string, std::string> agreementOf(const Options& options) {
   fields["compression"] = o.compression == Compression::kBFloat16 ? "bf16" : "none";
   fields["bucket_bytes"] = std::to_string(o.bucket_bytes);
   fields["first_bucket_bytes"] = std::to_string(o.first_bucket_bytes);
+  fields["checksum_interval"] = std::to_string(o.checksum_interval);  // a collective every N steps
+  fields["buffers"] = options.buffers == BufferSync::kFromRank0 ? "rank0"  // a collective or not
+                      : options.buffers == BufferSync::kMean    ? "mean"
+                                                                : "keep";
+  // The step's outcome must be the same everywhere: its weights and what a NaN does.
+  fields["weighting"] = options.weighting == Weighting::kEqual ? "equal" : "samples";
+  fields["non_finite"] = options.non_finite == NonFinitePolicy::kSkipStep ? "skip" : "raise";
+  fields["max_consecutive_skips"] = std::to_string(options.max_consecutive_skips);
   fields["resume_identity"] =
       o.resume_identity.empty() ? "(a fresh start)" : "checkpoint " + o.resume_identity;
   for (const auto& [key, value] : o.must_match) fields["must_match[" + key + "]"] = value;

@@ -57,6 +57,16 @@ TEST_F(MultiNode, DifferentSettingsAreRefusedNamingTheSetting) {
                            {"must_match[limit]", "node 0: (not set), node 1: 100"});
 }
 
+TEST_F(MultiNode, DifferentStepRulesAreRefusedNamingTheRule) {
+  NodeRun run;
+  run.store = store("checksum");
+  expectRefusedOnEveryNode(run, [](NodeRun& n) { n.checksum_interval = 5; },
+                           {"checksum_interval", "node 0: 2, node 1: 5"});
+  run.store = store("weighting");
+  expectRefusedOnEveryNode(run, [](NodeRun& n) { n.weighting = gradagg::Weighting::kEqual; },
+                           {"weighting", "node 0: samples, node 1: equal"});
+}
+
 TEST_F(MultiNode, NodesThatAgreeTrainAsOne) {
   NodeRun run;
   run.nodes = 2;

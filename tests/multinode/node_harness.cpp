@@ -170,7 +170,8 @@ NodeResult trainNode(const NodeRun& run) {
   o.nodes.must_match = run.must_match;
   o.nodes.interface = "lo";
   o.nodes.timeout = run.timeout;
-  o.nodes.checksum_interval = 2;
+  o.nodes.checksum_interval = run.checksum_interval;
+  o.weighting = run.weighting;
   NodeResult result;
   std::optional<gradagg::Aggregator> agg;
   result.outcome = outcomeOf(

@@ -57,6 +57,8 @@ struct NodeRun {
   // is shared by the others.
   int empty_from_global_rank = -1;
   int all_empty_at_step = -1;  // every worker of this node has 0 samples then
+  int checksum_interval = 2;   // NodeOptions::checksum_interval
+  gradagg::Weighting weighting = gradagg::Weighting::kBySamples;
 };
 
 // How a call ended: normally, or with which error.
