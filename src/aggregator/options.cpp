@@ -18,6 +18,19 @@ int availableCores() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
+namespace {
+// Deadlines are added to clock readings in nanoseconds: beyond this they would
+// overflow (1e13 ms failed at once); 30 days is longer than any step or rendezvous.
+constexpr std::chrono::milliseconds kMaxTimeout = std::chrono::hours(24 * 30);
+
+void requireTimeout(const char* field, std::chrono::milliseconds t, bool zero_allowed) {
+  if (t.count() < 0 || (t.count() == 0 && !zero_allowed) || t > kMaxTimeout)
+    throw InvalidArgument(fmt::format("Options.{}: expected {} {} ms (30 days), got {} ms", field,
+                                      zero_allowed ? "0 .." : "1 ..", kMaxTimeout.count(),
+                                      t.count()));
+}
+}  // namespace
+
 void Options::validate() const {
   if (workers < 1 || workers > kMaxWorkers)
     throw InvalidArgument(
@@ -29,9 +42,7 @@ void Options::validate() const {
   if (parent_threads < 0)
     throw InvalidArgument(fmt::format(
         "Options.parent_threads: expected >= 0 (0 = leave as is), got {}", parent_threads));
-  if (step_timeout.count() <= 0)
-    throw InvalidArgument(
-        fmt::format("Options.step_timeout: expected > 0 ms, got {} ms", step_timeout.count()));
+  requireTimeout("step_timeout", step_timeout, false);
   if (max_consecutive_skips < 0)
     throw InvalidArgument(
         fmt::format("Options.max_consecutive_skips: expected >= 0, got {}", max_consecutive_skips));
@@ -49,9 +60,7 @@ void Options::validate() const {
       (nodes.master_port < 1 || nodes.master_port > 65535))
     throw InvalidArgument(
         fmt::format("Options.nodes.master_port: expected 1..65535, got {}", nodes.master_port));
-  if (nodes.timeout.count() <= 0)
-    throw InvalidArgument(
-        fmt::format("Options.nodes.timeout: expected > 0 ms, got {} ms", nodes.timeout.count()));
+  requireTimeout("nodes.timeout", nodes.timeout, false);
   if (nodes.bucket_bytes == 0)
     throw InvalidArgument("Options.nodes.bucket_bytes: expected > 0, got 0");
   if (nodes.first_bucket_bytes == 0)
@@ -68,9 +77,7 @@ void Options::validate() const {
   if (message_bytes > (std::uint64_t{1} << 32))
     throw InvalidArgument(fmt::format("Options.message_bytes: expected at most 4 GiB, got {}",
                                       message_bytes));
-  if (shutdown_timeout.count() < 0)
-    throw InvalidArgument(fmt::format("Options.shutdown_timeout: expected >= 0 ms, got {} ms",
-                                      shutdown_timeout.count()));
+  requireTimeout("shutdown_timeout", shutdown_timeout, true);
 }
 
 int Options::resolvedThreadsPerWorker(int workers_on_these_cores) const {

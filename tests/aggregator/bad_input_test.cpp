@@ -29,6 +29,11 @@ TEST_F(Behaviour, BadOptionsAreInvalidArgumentsNamingTheField) {
   o = {};
   o.step_timeout = 0ms;
   expectField(o, "step_timeout");
+  o.step_timeout = std::chrono::milliseconds(10'000'000'000'000);  // overflowed a deadline
+  expectField(o, "step_timeout");
+  o = {};
+  o.nodes.timeout = std::chrono::milliseconds(10'000'000'000'000);
+  expectField(o, "nodes.timeout");
   EXPECT_THROW(gradagg::Aggregator(*model, nullptr, gradagg::Options{}), gradagg::InvalidArgument);
 }
 
