@@ -74,6 +74,12 @@ struct Environment {
   }
 };
 
+// torch.distributed's env:// convention (init_process_group reads WORLD_SIZE,
+// RANK, MASTER_ADDR, MASTER_PORT): each process is one node's parent.
+void fromEnvInit(NodeOptions& o) {
+  Environment::integers({{"WORLD_SIZE", &o.nodes}, {"RANK", &o.node_rank}});
+}
+
 // Slurm (srun, one task per node): SLURM_NNODES, SLURM_NODEID, the first host
 // of SLURM_JOB_NODELIST as node 0.
 void fromSlurm(NodeOptions& o) {
@@ -85,6 +91,12 @@ void fromSlurm(NodeOptions& o) {
 // parent. GROUP_WORLD_SIZE / GROUP_RANK (NODE_RANK elsewhere), MASTER_ADDR,
 // MASTER_PORT; with its static rendezvous its agent serves the store.
 void fromTorchrun(NodeOptions& o) {
+  int local_world = 1;
+  if (Environment::number("LOCAL_WORLD_SIZE", local_world) && local_world > 1)
+    throw InvalidArgument(fmt::format(
+        "environment variable LOCAL_WORLD_SIZE={}: gradagg runs one process per node (it forks "
+        "its own workers); start it with torchrun --nproc_per_node 1",
+        local_world));
   Environment::integers({{"GROUP_WORLD_SIZE", &o.nodes},
                          {"NODE_RANK", &o.node_rank},
                          {"GROUP_RANK", &o.node_rank},
@@ -131,6 +143,7 @@ void fromGradagg(NodeOptions& o) {
 
 // Launchers, weakest first; gradagg's own variables last, so they win.
 NodeOptions NodeOptions::fromEnvironment(NodeOptions o) {
+  fromEnvInit(o);
   fromSlurm(o);
   fromTorchrun(o);
   fromGradagg(o);

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "node_harness.h"
+#include "support/expect_throws.h"
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -109,6 +110,26 @@ TEST(NodeOptions, FromEnvironmentReadsTorchrunsVariables) {
   const auto e = gradagg::NodeOptions::fromEnvironment();
   EXPECT_EQ(e.nodes, 2) << "GRADAGG_NNODES takes precedence";
   EXPECT_EQ(e.node_rank, 0) << "GRADAGG_NODE_RANK takes precedence";
+}
+
+// init_process_group's env:// variables alone: one node per process, never a
+// node that trains alone while its peers wait; several processes per node refused.
+TEST(NodeOptions, FromEnvironmentReadsTheEnvConventionAndRefusesProcessesPerNode) {
+  {
+    Environment env({{"WORLD_SIZE", "2"},
+                     {"RANK", "1"},
+                     {"MASTER_ADDR", "10.1.2.3"},
+                     {"MASTER_PORT", "29500"}});
+    const auto o = gradagg::NodeOptions::fromEnvironment();
+    EXPECT_EQ(o.nodes, 2);
+    EXPECT_EQ(o.node_rank, 1);
+    EXPECT_EQ(o.master_addr, "10.1.2.3");
+  }
+  Environment per_node({{"GROUP_WORLD_SIZE", "2"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}});
+  if (const auto e = expectThrows<gradagg::InvalidArgument>(
+          [] { gradagg::NodeOptions::fromEnvironment(); }, "LOCAL_WORLD_SIZE=2")) {
+    EXPECT_NE(std::string(e->what()).find("--nproc_per_node 1"), std::string::npos) << e->what();
+  }
 }
 
 TEST(NodeOptions, FromEnvironmentReadsSlurmsVariables) {
