@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <utility>
 
@@ -84,6 +85,43 @@ void writeAll(int fd, const char* data, std::size_t n, const std::string& path,
   }
 }
 
+// Reads up to n bytes (fewer only at the end of the file).
+std::size_t readUpTo(int fd, char* out, std::size_t n, const std::string& path) {
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::read(fd, out + done, n - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) fail(path, fmt::format("reading it failed: {}", osError(errno)));
+    if (r == 0) break;
+    done += static_cast<std::size_t>(r);
+  }
+  return done;
+}
+
+// "<path>.tmp-<pid>" files left by writers killed mid-save (kill -9, a power
+// cut): removed once their process is gone and they are 10 minutes old (a
+// slow writer on a shared file system keeps its file fresh).
+void removeOrphans(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const std::string prefix = p.filename().string() + ".tmp-";
+  std::error_code ec;
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
+        digits.size() > 9)
+      continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    struct stat st {};
+    if (::stat(it->path().c_str(), &st) != 0 || ::time(nullptr) - st.st_mtime < 600) continue;
+    ::unlink(it->path().c_str());
+  }
+}
+
 }  // namespace
 
 void checkWritable(const std::string& path) {
@@ -134,6 +172,7 @@ void writeDurably(const std::string& path, const std::string& payload) {
   if (d.fd < 0 || (::fsync(d.fd) != 0 && errno != EINVAL))
     fail(path,
          fmt::format("written, but fsync of its directory {} failed: {}", dir, osError(errno)));
+  removeOrphans(path);
 }
 
 std::string readVerified(const std::string& path, std::uint64_t* crc_out) {
@@ -142,32 +181,32 @@ std::string readVerified(const std::string& path, std::uint64_t* crc_out) {
   struct stat st {};
   if (f.fd < 0 || ::fstat(f.fd, &st) != 0)
     fail(path, fmt::format("cannot be opened: {}", osError(errno)));
-  std::string bytes(static_cast<std::size_t>(st.st_size), '\0');
-  for (std::size_t done = 0; done < bytes.size();) {
-    const ssize_t r = ::read(f.fd, bytes.data() + done, bytes.size() - done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) fail(path, fmt::format("reading it failed: {}", osError(errno)));
-    if (r == 0) {
-      bytes.resize(done);  // it shrank while we read
-      break;
-    }
-    done += static_cast<std::size_t>(r);
-  }
-  if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
+  // The header first: nothing is allocated for a file that is not a checkpoint
+  // or whose size is not the one its header gives (a huge file is not read).
+  char header[kHeaderBytes];
+  const std::size_t got = readUpTo(f.fd, header, kHeaderBytes, path);
+  if (got < kHeaderBytes || std::memcmp(header, kMagic, sizeof kMagic) != 0)
     fail(path, "is not a gradagg checkpoint (no \"GRADAGG CKPT v1\" header)");
   std::uint64_t length = 0, crc = 0;
-  std::memcpy(&length, bytes.data() + 16, 8);
-  std::memcpy(&crc, bytes.data() + 24, 8);
-  if (length != bytes.size() - kHeaderBytes)
+  std::memcpy(&length, header + 16, 8);
+  std::memcpy(&crc, header + 24, 8);
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (length != size - kHeaderBytes)
     fail(path, fmt::format("is truncated or corrupt: the header says {} bytes of content, the "
                            "file has {}",
-                           length, bytes.size() - kHeaderBytes));
-  const std::uint64_t actual = crc64(bytes.data() + kHeaderBytes, length);
+                           length, size - kHeaderBytes));
+  std::string payload(static_cast<std::size_t>(length), '\0');
+  const std::size_t read = readUpTo(f.fd, payload.data(), payload.size(), path);
+  if (read != length)  // it shrank while we read
+    fail(path, fmt::format("is truncated or corrupt: the header says {} bytes of content, the "
+                           "file has {}",
+                           length, read));
+  const std::uint64_t actual = crc64(payload.data(), length);
   if (actual != crc)
     fail(path, fmt::format("is corrupt: its content's CRC-64 is {:016x}, the header says {:016x}",
                            actual, crc));
   if (crc_out != nullptr) *crc_out = crc;
-  return bytes.substr(kHeaderBytes);
+  return payload;
 }
 
 }  // namespace gradagg::detail

@@ -26,9 +26,13 @@ void checkWritable(const std::string& path);
 // it over `path` and fsyncs the directory. On any failure the temporary file is
 // removed and `path` keeps what it had. SIGXFSZ is ignored while writing, so a
 // file-size limit is an error (EFBIG), not a core dump.
+// Afterwards, "<path>.tmp-<pid>" files of processes that no longer exist, 10
+// minutes old, are removed (left by a writer killed mid-save).
 void writeDurably(const std::string& path, const std::string& payload);
 
 // The payload of `path`, verified (magic, length, CRC). `crc` receives its CRC.
+// The header is checked before the content is read: a file that is not a
+// checkpoint, or not of its header's size, is refused without reading it.
 std::string readVerified(const std::string& path, std::uint64_t* crc = nullptr);
 
 }  // namespace gradagg::detail
