@@ -96,20 +96,23 @@ void loadMembers(const std::string& path, int workers, const std::vector<std::st
                const std::function<MemberArea(int)>& area) {
   torch::serialize::InputArchive root;
   const std::string payload = readVerified(path);
+  at::Tensor stored;
+  c10::IValue names;
   try {
     root.load_from(payload.data(), payload.size());
+    root.read("workers", stored);
+    root.read("hp_names", names);
+    if (!names.isString()) throw c10::Error("hp_names is not a string", "");
   } catch (const c10::Error& e) {
-    throw CheckpointError(fmt::format("gradagg: checkpoint {}: cannot be parsed: {}", path,
-                                      e.what_without_backtrace()),
+    // Not a population's archive (another program's checkpoint, say).
+    throw CheckpointError(fmt::format("gradagg: checkpoint {}: is not a population checkpoint "
+                                      "(cannot be parsed as one: {})",
+                                      path, e.what_without_backtrace()),
                           path);
   }
-  at::Tensor stored;
-  root.read("workers", stored);
   if (stored.item<std::int64_t>() != workers)
     throw InvalidArgument(fmt::format("resume_from {}: {} members, options say {}", path,
                                       stored.item<std::int64_t>(), workers));
-  c10::IValue names;
-  root.read("hp_names", names);
   if (names.toStringRef() != fmt::format("{}", fmt::join(hp_names, ",")))
     throw InvalidArgument(fmt::format("resume_from {}: hyperparameters '{}', expected '{}'", path,
                                       names.toStringRef(), fmt::join(hp_names, ",")));

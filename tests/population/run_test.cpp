@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <gradagg/checkpoint.h>
+
 #include "runtime/temp_dir.h"
 #include "runtime/test_seam.h"
 #include "support/expect_throws.h"
@@ -226,6 +228,24 @@ TEST_F(PopulationRunTest, ResumingFromACheckpointEqualsAnUninterruptedRun) {
     EXPECT_EQ(sgdState(got[r].optimizer_state).first.size(), 2u);
     expectEqual(sgdState(got[r].optimizer_state).first, sgdState(want[r].optimizer_state).first,
                 who + " momentum");
+  }
+}
+
+TEST_F(PopulationRunTest, AModelCheckpointGivenAsResumeFromIsRefusedNamingTheFile) {
+  const gradagg::detail::TempDir dir("population");
+  const std::string path = dir.file("model.ckpt");
+  {
+    Fixture f;
+    torch::optim::SGD sgd(f.net->parameters(), 0.1);
+    gradagg::Checkpoint(path).save(*f.net, sgd, gradagg::TrainingState{});
+  }
+  Fixture f;
+  auto o = options(Policy::none());
+  o.resume_from = path;
+  if (const auto e = expectThrows<gradagg::CheckpointError>(
+          [&] { gradagg::Population population(*f.net, f.fns(), o); },
+          "is not a population checkpoint")) {
+    EXPECT_EQ(e->path(), path);
   }
 }
 
