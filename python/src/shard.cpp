@@ -16,6 +16,7 @@
 
 #include <gradagg/errors.h>
 
+#include "runtime/utf8.h"
 #include "threads.h"
 
 namespace py = pybind11;
@@ -44,15 +45,11 @@ std::string describePythonError(py::error_already_set& e) {
   if (head.size() + 1 + trace.size() <= kRoom) return head + "\n" + trace;
   // The exception's line (at most half the room), then the end of the
   // traceback, each cut between UTF-8 characters.
-  const auto continuation = [](char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; };
-  if (head.size() > kRoom / 2) {
-    std::size_t n = kRoom / 2 - 3;
-    while (n > 0 && continuation(head[n])) --n;
-    head = head.substr(0, n) + "...";
-  }
+  if (head.size() > kRoom / 2)
+    head = head.substr(0, detail::utf8PrefixBytes(head, kRoom / 2 - 3)) + "...";
   const std::size_t room = kRoom - head.size() - 5;  // "\n...\n"
-  std::size_t from = trace.size() > room ? trace.size() - room : 0;
-  while (from < trace.size() && continuation(trace[from])) ++from;
+  const std::size_t from =
+      detail::utf8SuffixStart(trace, trace.size() > room ? trace.size() - room : 0);
   return head + "\n...\n" + trace.substr(from);
 }
 

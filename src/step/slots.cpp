@@ -7,6 +7,8 @@
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
+#include "runtime/utf8.h"
+
 namespace gradagg::detail {
 
 SlotWriter::SlotWriter(const SegmentMap& map, int rank)
@@ -147,9 +149,7 @@ void SlotWriter::failed() noexcept {
     what = "unknown exception (not derived from std::exception)";
   }
   control_.status = static_cast<std::uint32_t>(status);
-  std::size_t n = std::min(what.size(), kMessageBytes - 1);
-  // Cut between UTF-8 characters, never inside one (Python decodes the text).
-  while (n > 0 && n < what.size() && (static_cast<unsigned char>(what[n]) & 0xC0) == 0x80) --n;
+  const std::size_t n = utf8PrefixBytes(what, kMessageBytes - 1);
   std::memcpy(control_.message, what.data(), n);
   control_.message[n] = '\0';
 }
