@@ -15,11 +15,20 @@ bool MetricBook::matches(const WorkerControl& c) const {
   return true;
 }
 
-std::string MetricBook::namesOf(const WorkerControl& c) const {
+namespace {
+// "'a', 'b'", or "none" (error messages only).
+std::string quoted(const std::vector<std::string>& names) {
   std::string out;
-  for (std::uint32_t i = 0; i < c.metric_count; ++i)
-    out += fmt::format("{}'{}'", i == 0 ? "" : ", ", c.metrics[i].name);
+  for (std::size_t i = 0; i < names.size(); ++i)
+    out += fmt::format("{}'{}'", i == 0 ? "" : ", ", names[i]);
   return out.empty() ? "none" : out;
+}
+}  // namespace
+
+std::string MetricBook::namesOf(const WorkerControl& c) const {
+  std::vector<std::string> names;
+  for (std::uint32_t i = 0; i < c.metric_count; ++i) names.emplace_back(c.metrics[i].name);
+  return quoted(names);
 }
 
 std::string MetricBook::collect(StepTotals& totals) {
@@ -37,11 +46,8 @@ std::string MetricBook::collect(StepTotals& totals) {
     if (matches(c) || (c.samples == 0 && c.metric_count == 0)) continue;
     std::string error;
     if (agreed_) {
-      std::string agreed;
-      for (std::size_t i = 0; i < names_.size(); ++i)
-        agreed += fmt::format("{}'{}'", i == 0 ? "" : ", ", names_[i]);
       error = fmt::format("worker {} returned the metrics {}; the first step's were {}", r,
-                          namesOf(c), agreed.empty() ? "none" : agreed);
+                          namesOf(c), quoted(names_));
     } else {
       error = fmt::format("worker {} returned the metrics {} and worker {} {}", r, namesOf(c),
                           first, namesOf(map_.control(first)));
