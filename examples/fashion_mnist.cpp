@@ -168,7 +168,10 @@ int run(int argc, char** argv) {
 
   ProgressDisplay display;
   fashion::TrainCallbacks callbacks;
-  callbacks.on_info = [&](const std::string& line) { fmt::print("{}\n", line); };
+  callbacks.on_info = [&](const std::string& line) {
+    fmt::print("{}\n", line);
+    std::fflush(stdout);  // the set-up lines show before a rendezvous that may fail
+  };
   callbacks.on_step = [&](const fashion::StepProgress& p) { display.step(p); };
   callbacks.on_epoch = [&](const fashion::EpochResult& r) {
     display.clear();
