@@ -111,6 +111,8 @@ int run(int argc, char** argv) {
                  "(0: gradagg's default, cores / workers; LibTorch's with --single)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_flag("--prefetch", config.prefetch,
+               "each worker loads its next batch on a loader thread while it computes");
   app.add_option("--step-timeout", config.step_timeout_s, "seconds a gradagg step may take")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

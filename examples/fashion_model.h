@@ -21,8 +21,9 @@ TORCH_MODULE(Net);
 // The model with initial weights drawn after torch::manual_seed(seed).
 Net makeNet(std::int64_t inputs, std::int64_t hidden, std::uint64_t seed);
 
-// Epoch `epoch`'s visiting order of n samples: a permutation drawn from a
-// generator seeded with (seed, epoch) alone.
+// Epoch `epoch`'s visiting order of n samples: DistributedSampler's,
+// randperm(n) from a generator seeded with seed + epoch, which
+// gradagg::data::ShardedBatches follows (the tests' reference uses this one).
 torch::Tensor epochOrder(std::int64_t n, std::uint64_t seed, std::int64_t epoch);
 
 // uint8 image rows {b, rows * cols} -> float inputs in [0, 1].

@@ -1,7 +1,8 @@
 // Fashion-MNIST with gradagg: the parent keeps the model and one Adam (or SGD);
-// every step each worker computes the loss of its block of the global batch on
-// its replica, gradagg averages the gradients into the parent's .grad, and the
-// parent steps its optimizer. The split is described in fashion_train.h.
+// every step each worker computes the loss of its part of the global batch on
+// its replica (gradagg::data::ShardedBatches), gradagg averages the gradients
+// into the parent's .grad, and the parent steps its optimizer. The split is
+// described in fashion_train.h.
 #include "fashion_train.h"
 
 #include <algorithm>
@@ -16,8 +17,10 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <gradagg/data.h>
 #include <gradagg/gradagg.h>
 
+#include "fashion_data.h"
 #include "fashion_model.h"
 #include "idx.h"
 #include "idx_tensor.h"
@@ -38,35 +41,12 @@ Net makeNet(std::int64_t inputs, std::int64_t hidden, std::uint64_t seed) {
 }
 
 torch::Tensor epochOrder(std::int64_t n, std::uint64_t seed, std::int64_t epoch) {
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed * 0x9E3779B97F4A7C15ull +
-                                                            static_cast<std::uint64_t>(epoch) + 1);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed + static_cast<std::uint64_t>(epoch));
   return torch::randperm(n, generator, torch::kLong);
 }
 
 torch::Tensor toInputs(const torch::Tensor& image_bytes) {
   return image_bytes.to(torch::kFloat).div_(255.0);
-}
-
-EpochPlan planEpoch(std::int64_t n, int workers, int batch) {
-  EpochPlan plan;
-  const std::int64_t global = std::int64_t{workers} * batch;
-  plan.full_steps = n / global;
-  const std::int64_t rest = n % global;
-  plan.tail = rest;
-  plan.steps = plan.full_steps + (plan.tail > 0 ? 1 : 0);
-  return plan;
-}
-
-std::pair<std::int64_t, std::int64_t> rowsOf(const EpochPlan& plan, int workers, int batch,
-                                             std::int64_t s, int rank) {
-  const std::int64_t global = std::int64_t{workers} * batch;
-  const std::int64_t start = s * global;
-  if (s < plan.full_steps) {
-    if (rank < 0) return {start, start + global};
-    return {start + std::int64_t{rank} * batch, start + std::int64_t{rank + 1} * batch};
-  }
-  if (rank < 0) return {start, start + plan.tail};
-  return {start + plan.tail * rank / workers, start + plan.tail * (rank + 1) / workers};
 }
 
 const char* optimizerName(OptimizerKind kind) {
@@ -217,8 +197,15 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
     throw std::invalid_argument("bad setting: " + std::to_string(n) + " training samples for " +
                              std::to_string(workers) + " workers");
   }
-  const EpochPlan plan = planEpoch(n, workers, batch);
-  const std::int64_t total_steps = plan.steps * config.epochs;
+  // Built once, before the fork: each worker loads its own part (in the worker).
+  gradagg::data::ShardedBatchesOptions data_options;
+  data_options.shuffle = true;
+  data_options.seed = config.seed;
+  data_options.prefetch = config.prefetch;
+  gradagg::data::ShardedBatches data(FashionDataset(train_images, train_labels),
+                                     static_cast<std::size_t>(workers) * batch, data_options);
+  const std::int64_t steps_per_epoch = data.steps_per_epoch();
+  const std::int64_t total_steps = steps_per_epoch * config.epochs;
 
   Net model = makeNet(train_images.size(1), config.hidden, config.seed);
   std::unique_ptr<torch::optim::Optimizer> optimizer;
@@ -243,7 +230,7 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
     progress = progressOf(state, config.resume);
   }
   const std::int64_t first_step = progress.step;
-  const std::int64_t first_epoch = first_step / plan.steps;
+  const std::int64_t first_epoch = first_step / steps_per_epoch;
 
   info("Fashion-MNIST from " + config.data_dir + ": " + std::to_string(n) + " training images" +
        (n < available ? " (the first of " + std::to_string(available) + ")" : "") + ", " +
@@ -251,36 +238,23 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   info(std::string(config.single ? "one process, batch " : "gradagg, ") +
        (config.single ? std::to_string(workers * batch)
                       : std::to_string(workers) + " workers x batch " + std::to_string(batch)) +
-       "; " + std::to_string(plan.steps) + " steps per epoch; " + optimizerName(config.optimizer) +
+       "; " + std::to_string(steps_per_epoch) + " steps per epoch; " + optimizerName(config.optimizer) +
        " lr " + shortNumber(config.lr));
   if (!config.resume.empty() && first_step >= total_steps) {
-    info(config.resume + " has done " + std::to_string(first_step / plan.steps) +
+    info(config.resume + " has done " + std::to_string(first_step / steps_per_epoch) +
          " epochs: nothing left to do (raise --epochs to go on)");
   } else if (!config.resume.empty()) {
     info("resumed from " + config.resume + " at epoch " + std::to_string(first_epoch + 1) +
-         ", step " + std::to_string(first_step - first_epoch * plan.steps) + " of the epoch");
+         ", step " + std::to_string(first_step - first_epoch * steps_per_epoch) + " of the epoch");
   }
-
-  // Every epoch's order is drawn here, before the fork: read-only in the workers.
-  std::vector<torch::Tensor> orders;
-  for (std::int64_t e = first_epoch; e < config.epochs; ++e)
-    orders.push_back(epochOrder(n, config.seed, e));
-
-  // The rows that `rank` (-1: all) takes at global step `step`.
-  auto batchOf = [&](std::int64_t step, int rank) {
-    const auto& order = orders.at(static_cast<std::size_t>(step / plan.steps - first_epoch));
-    const auto [begin, end] = rowsOf(plan, workers, batch, step % plan.steps, rank);
-    const auto rows = order.slice(0, begin, end);
-    return std::make_pair(toInputs(train_images.index_select(0, rows)),
-                          train_labels.index_select(0, rows));
-  };
 
   // Runs in worker ctx.rank on its replica: `model` and the data are its own copies.
   // ctx.step is the global step (Options::start_step = the resumed step).
   // The last step of an epoch may leave a worker no rows: it returns 0 samples.
   auto shard = [&](const gradagg::ShardContext& ctx) {
-    const auto [x, y] = batchOf(ctx.step, ctx.global_rank);
-    if (x.size(0) == 0) return gradagg::ShardResult{torch::Tensor(), 0};
+    const auto part = data.batch(ctx);  // this worker's rows of the global batch
+    if (part.data.size(0) == 0) return gradagg::ShardResult{torch::Tensor(), 0};
+    const auto x = toInputs(part.data), &y = part.target;
     const auto logits = model->forward(x);
     const double correct = logits.argmax(1).eq(y).sum().item<double>();
     return gradagg::ShardResult{crossEntropy(logits, y), x.size(0), {{"correct", correct}}};
@@ -303,7 +277,7 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   result.test_samples = test_inputs.size(0);
   const auto session_start = Clock::now();
   while (progress.step < total_steps) {
-    const std::int64_t epoch = progress.step / plan.steps;
+    const std::int64_t epoch = progress.step / steps_per_epoch;
     const auto step_start = Clock::now();
     double loss = 0;
     std::int64_t samples = 0, correct = 0;
@@ -315,7 +289,8 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
       samples = report.samples;
       correct = static_cast<std::int64_t>(report.metrics.at("correct"));  // over all workers
     } else {
-      const auto [x, y] = batchOf(progress.step, -1);
+      const auto global = data.global_batch(progress.step);
+      const auto x = toInputs(global.data), &y = global.target;
       optimizer->zero_grad();
       const auto logits = model->forward(x);
       auto batch_loss = crossEntropy(logits, y);
@@ -335,8 +310,8 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
       StepProgress p;
       p.epoch = static_cast<int>(epoch);
       p.epochs = config.epochs;
-      p.step_in_epoch = progress.step - epoch * plan.steps;
-      p.steps_per_epoch = plan.steps;
+      p.step_in_epoch = progress.step - epoch * steps_per_epoch;
+      p.steps_per_epoch = steps_per_epoch;
       p.step = progress.step;
       p.total_steps = total_steps;
       p.loss = loss;
@@ -347,7 +322,7 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
       callbacks.on_step(p);
     }
 
-    const bool epoch_done = progress.step % plan.steps == 0;
+    const bool epoch_done = progress.step % steps_per_epoch == 0;
     if (epoch_done) {
       const auto eval_start = Clock::now();
       const Evaluation eval = evaluate(model, test_inputs, test_labels);

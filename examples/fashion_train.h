@@ -3,21 +3,16 @@
 // comparison. Torch-free interface: fashion_mnist.cpp (the command line) and the
 // tests call train(); fashion_train.cpp is the code to read and copy.
 //
-// The data split. Let n be the training samples (after `limit`), W the workers,
-// B the batch per worker and G = W * B the global batch.
-//  - Epoch e visits the samples in the order of a permutation drawn from a
-//    generator seeded with (seed, e): a function of the seed and the epoch only.
-//  - The permutation is dealt out in blocks of B samples: at step s of the epoch
-//    worker r takes block s * W + r, i.e. positions [s*G + r*B, s*G + (r+1)*B).
-//    Over an epoch worker r's shard is every W-th block.
-//  - An epoch has n / G full steps. The remaining n % G samples make one last
-//    step, split as evenly as possible in rank order; with fewer than W of them
-//    some workers have none and return 0 samples (gradagg averages over the
-//    samples that exist).
-//  - Single-process mode (`single`) takes the same G samples per step in one
-//    batch, so both compute the same mean gradient of the same samples.
-// The shard function therefore depends only on (rank, step) and read-only data:
-// steps are deterministic and a resumed run repeats an uninterrupted one.
+// The data: gradagg::data::ShardedBatches (gradagg/data.h) over the training
+// set (fashion_data.h), with a global batch of G = workers * batch (workers of
+// every node). Epoch e visits the samples in DistributedSampler's order,
+// randperm(n) seeded with seed + e; each step takes the next G samples, each
+// worker its contiguous part (batch samples, or fewer in the last step of an
+// epoch, where some may have none and return 0 samples). Single-process mode
+// (`single`) takes the same G samples in one batch (global_batch), so both
+// compute the same mean gradient of the same samples. The shard function
+// depends only on (global rank, step) and read-only data: steps are
+// deterministic and a resumed run repeats an uninterrupted one.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +41,7 @@ struct TrainConfig {
   bool single = false;      // train in this process (batch workers * batch), no gradagg
   int step_timeout_s = 60;  // gradagg's deadline for a step (Options::step_timeout)
   int threads = 0;          // intra-op threads per worker (or of the one process); 0: default
+  bool prefetch = false;    // load a worker's next batch on a loader thread (ShardedBatchesOptions)
   // Several machines, each with `workers` workers: the data split counts
   // workers * nodes.nodes in all (every node the same count) and worker r of
   // node k is global worker k * workers + r. Every node evaluates and prints.
@@ -106,18 +102,6 @@ struct TrainCallbacks {
   // Said once, before the first step (data sizes, resume point).
   std::function<void(const std::string&)> on_info;
 };
-
-// Steps in one epoch and the samples of its last step, per the split above.
-struct EpochPlan {
-  std::int64_t steps = 0;
-  std::int64_t full_steps = 0;
-  std::int64_t tail = 0;  // samples in the last, partial step (0 when none)
-};
-EpochPlan planEpoch(std::int64_t n, int workers, int batch);
-// Positions [begin, end) in the epoch's permutation that `rank` takes at step `s`.
-// rank = -1: the whole global batch (single-process mode).
-std::pair<std::int64_t, std::int64_t> rowsOf(const EpochPlan& plan, int workers, int batch,
-                                             std::int64_t s, int rank);
 
 // Loads the data, trains, evaluates after every epoch. Checkpoints with
 // gradagg::Checkpoint (node 0 writes; a resume is checked against the run's

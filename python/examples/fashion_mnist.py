@@ -2,7 +2,8 @@
 """Fashion-MNIST in Python: a 784-64-10 classifier trained with Adam by gradagg
 workers (the parameter-server pattern: workers compute gradients on their
 shards, the parent averages them and steps Adam), or in one process (--single)
-on the same global batches.
+on the same global batches. The data comes through gradagg.data.ShardedBatches:
+each worker reads its own part of every global batch, chosen by the step alone.
 
     PYTHONPATH=build/python python3 python/examples/fashion_mnist.py --workers 2 --epochs 5
 
@@ -136,9 +137,13 @@ def main():
     if args.limit:
         train_x, train_y = train_x[:args.limit], train_y[:args.limit]
     global_batch = args.batch * args.workers
-    steps_per_epoch = len(train_x) // global_batch
-    if steps_per_epoch == 0:
+    if len(train_x) < global_batch:
         p.error(f"fewer training samples ({len(train_x)}) than one global batch ({global_batch})")
+    # Epoch e's order is randperm seeded with seed * 1000 + e; whole global batches only.
+    data = gradagg.data.ShardedBatches(torch.utils.data.TensorDataset(train_x, train_y),
+                                       global_batch, shuffle=True, seed=args.seed * 1000,
+                                       drop_last=True)
+    steps_per_epoch = data.steps_per_epoch()
 
     model = make_model(args.hidden, args.seed)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -153,26 +158,15 @@ def main():
         total_loss = state.user.get("epoch_loss_sum", 0.0)
         total_correct = state.user.get("epoch_correct", 0)
     total_steps = args.epochs * steps_per_epoch
-    orders = {}
 
-    def order(epoch):  # the epoch's sample order: the same in the parent and every worker
-        if epoch not in orders:
-            g = torch.Generator().manual_seed(args.seed * 1000 + epoch)
-            orders.clear()
-            orders[epoch] = torch.randperm(len(train_x), generator=g)
-        return orders[epoch]
-
-    def rows(step, lo, hi):
-        epoch, i = divmod(step, steps_per_epoch)
-        return order(epoch)[i * global_batch + lo:i * global_batch + hi]
-
-    # The parent's sampler picks each step's rows and sends them with the step: the
-    # workers were forked once and would not see anything the parent decides later.
-    def shard(ctx):  # worker r's args.batch samples of the step's global batch
-        idx = ctx.message["rows"][ctx.rank * args.batch:(ctx.rank + 1) * args.batch]
-        out = model(train_x[idx])
-        correct = (out.argmax(1) == train_y[idx]).sum()  # summed over the workers
-        return torch.nn.functional.cross_entropy(out, train_y[idx]), len(idx), {"correct": correct}
+    # Worker ctx.rank's args.batch samples of step ctx.step's global batch: a function of
+    # the step alone, so a restarted worker or a resumed run reads the same samples. (Not
+    # a DataLoader iterated here: each worker would have a forked copy of it, all alike.)
+    def shard(ctx):
+        x, y = data.batch(ctx)
+        out = model(x)
+        correct = (out.argmax(1) == y).sum()  # summed over the workers
+        return torch.nn.functional.cross_entropy(out, y), len(x), {"correct": correct}
 
     mode = "one process" if args.single else f"gradagg, {args.workers} workers"
     print(f"Fashion-MNIST: {len(train_x)} training samples, {mode}, global batch "
@@ -207,16 +201,16 @@ def main():
             begin, begin_step = time.monotonic(), step
             try:
                 while step < min((epoch + 1) * steps_per_epoch, last_step):
-                    idx = rows(step, 0, global_batch)
                     if agg is not None:
-                        report = agg.step({"rows": idx})
+                        report = agg.step()
                         loss, correct = report.loss, int(report.metrics["correct"])
-                    else:
+                    else:  # the same global batch, whole
+                        x, y = data.global_batch(step)
                         opt.zero_grad()
-                        out = model(train_x[idx])
-                        loss_t = torch.nn.functional.cross_entropy(out, train_y[idx])
+                        out = model(x)
+                        loss_t = torch.nn.functional.cross_entropy(out, y)
                         loss_t.backward()
-                        loss, correct = loss_t.item(), (out.argmax(1) == train_y[idx]).sum().item()
+                        loss, correct = loss_t.item(), (out.argmax(1) == y).sum().item()
                     opt.step()
                     total_loss += loss
                     total_correct += correct

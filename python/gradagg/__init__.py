@@ -17,7 +17,9 @@ result lands in your parameters' ``.grad``; then you call ``optimizer.step()``::
             agg.step()                   # model's .grad = full-batch mean gradient
             opt.step()
 
-Errors are the classes of :mod:`gradagg.errors`, also exported here.
+Errors are the classes of :mod:`gradagg.errors`, also exported here. Each
+worker's part of every global batch of a dataset: :mod:`gradagg.data`
+(``gradagg.data.ShardedBatches``).
 """
 
 from gradagg.errors import (Error, InternalError, InvalidArgument, NodeFailed,  # noqa: F401
@@ -27,12 +29,13 @@ from gradagg._core import (NodeOptions, Options, ShardContext, StepReport,  # no
                            WorkerReport, _Aggregator)
 from gradagg.errors import CheckpointError, FileError  # noqa: F401
 from gradagg.checkpoint import Checkpoint, TrainingState  # noqa: F401
+from gradagg import data  # noqa: F401  (gradagg.data.ShardedBatches)
 
 __all__ = [
     "Aggregator", "Options", "NodeOptions", "ShardContext", "StepReport", "WorkerReport",
     "Error", "InvalidArgument", "NotUsable", "InternalError", "WorkerError", "WorkerFailed",
     "NonFiniteGradient", "WorkerDied", "StepTimeout", "NodeFailed",
-    "Checkpoint", "TrainingState", "FileError", "CheckpointError",
+    "Checkpoint", "TrainingState", "FileError", "CheckpointError", "data",
 ]
 
 

@@ -115,6 +115,7 @@ struct Aggregator::Impl {
     sizes.buffer_bytes = binding.bufferBytes();
     sizes.tail_bytes = stage().tailBytes();
     sizes.message_bytes = alignUp(std::max<std::uint64_t>(options.message_bytes, kAlign), kAlign);
+    sizes.row_bytes = rowMap(binding.params()).bytes;
     const Layout layout = Layout::plan(sizes, pageBytes());
     segment = Segment::createAnonymous(layout.segment_bytes);
     initHeader(segment.base(), layout, pageBytes());

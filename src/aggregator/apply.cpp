@@ -23,7 +23,8 @@ Applier::Applier(ModelBinding& binding, const SegmentMap& segment, const Options
       segment_(segment),
       options_(options),
       workers_(options.workers),
-      slots_(segment) {
+      slots_(segment),
+      row_map_(rowMap(binding.params())) {
   for (const TensorEntry& p : binding.params())
     for (int i = 0; i < 2; ++i) result_views_[i].push_back(viewAt(p, segment.result(i)));
   weights_.resize(static_cast<std::size_t>(workers_));
@@ -34,8 +35,13 @@ void Applier::gradients(int result, const std::vector<std::uint8_t>& any_grad) {
   auto& params = binding_.params();
   for (std::size_t k = 0; k < params.size(); ++k) {
     TensorEntry& p = params[k];
-    if (any_grad[k])
+    if (sparseOnly(any_grad[k])) {
+      touched_.resize(static_cast<std::size_t>(row_map_.rows[k]));
+      slots_.touchedRows(row_map_.offset[k], row_map_.rows[k], touched_.data());
+      p.tensor.mutable_grad() = sparseGradient(result_views_[result][k], touched_.data());
+    } else if (any_grad[k]) {
       p.tensor.mutable_grad() = result_views_[result][k];
+    }
     else if (p.tensor.grad().defined())
       p.tensor.mutable_grad() = at::Tensor();
   }

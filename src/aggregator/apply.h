@@ -33,7 +33,10 @@ class Applier {
   Applier(ModelBinding& binding, const SegmentMap& segment, const Options& options);
 
   // .grad of every parameter flagged in `any_grad` becomes a view of result
-  // `result`; the others' .grad becomes undefined.
+  // `result`, or, where every gradient it got was sparse, a sparse coalesced
+  // gradient over the rows the workers touched (step/sparse_rows.h; across
+  // nodes the stage left everyone's rows in slot 0's); the others' .grad
+  // becomes undefined.
   void gradients(int result, const std::vector<std::uint8_t>& any_grad);
   // Every .grad undefined: optimizer.step() then changes nothing (a skipped step).
   void clearGradients();
@@ -51,6 +54,8 @@ class Applier {
   int workers_ = 0;
   SlotReader slots_;
   std::vector<at::Tensor> result_views_[2];  // per parameter, into each result
+  RowMap row_map_;
+  std::vector<std::uint8_t> touched_;  // a sparse parameter's rows, this step
   std::vector<double> weights_;      // this step's, by rank
   std::vector<const void*> inputs_;  // reused by the buffer mean
 };

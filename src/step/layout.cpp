@@ -20,7 +20,8 @@ Layout Layout::plan(const LayoutSizes& s, std::size_t page_bytes) {
   l.result_offset[1] = l.result_offset[0] + l.result_bytes;
   l.slots_offset = alignUp(l.result_offset[1] + l.result_bytes, kAlign);
   l.slot_flags_offset = s.param_bytes;
-  l.slot_buffers_offset = alignUp(l.slot_flags_offset + s.param_count, kAlign);
+  l.slot_rows_offset = alignUp(l.slot_flags_offset + s.param_count, kAlign);
+  l.slot_buffers_offset = alignUp(l.slot_rows_offset + s.row_bytes, kAlign);
   l.slot_bytes = alignUp(l.slot_buffers_offset + s.buffer_bytes, kAlign);
   l.segment_bytes = alignUp(l.slots_offset + l.slot_bytes * s.workers, page_bytes);
   return l;
@@ -30,13 +31,15 @@ bool Layout::operator==(const Layout& o) const {
   return sizes.workers == o.sizes.workers && sizes.param_count == o.sizes.param_count &&
          sizes.buffer_count == o.sizes.buffer_count && sizes.param_bytes == o.sizes.param_bytes &&
          sizes.buffer_bytes == o.sizes.buffer_bytes && sizes.tail_bytes == o.sizes.tail_bytes &&
-         sizes.message_bytes == o.sizes.message_bytes && control_offset == o.control_offset &&
+         sizes.message_bytes == o.sizes.message_bytes && sizes.row_bytes == o.sizes.row_bytes &&
+         control_offset == o.control_offset &&
          weights_offset == o.weights_offset && message_offset == o.message_offset &&
          snapshot_offset == o.snapshot_offset &&
          snapshot_buffers_offset == o.snapshot_buffers_offset &&
          result_offset[0] == o.result_offset[0] && result_offset[1] == o.result_offset[1] &&
          result_bytes == o.result_bytes && slots_offset == o.slots_offset &&
          slot_bytes == o.slot_bytes && slot_flags_offset == o.slot_flags_offset &&
+         slot_rows_offset == o.slot_rows_offset &&
          slot_buffers_offset == o.slot_buffers_offset && segment_bytes == o.segment_bytes;
 }
 
@@ -78,12 +81,13 @@ std::string validateHeader(const void* base, std::size_t mapping_bytes, const La
   // Bound every size so plan() cannot overflow: each below 2^48 bytes.
   constexpr std::uint64_t kLimit = std::uint64_t{1} << 48;
   if (s.param_bytes >= kLimit || s.buffer_bytes >= kLimit || s.tail_bytes >= kLimit ||
-      s.message_bytes >= kLimit)
+      s.message_bytes >= kLimit || s.row_bytes >= kLimit)
     return fmt::format(
-        "sizes out of range: {} parameter bytes, {} buffer bytes, {} tail bytes, {} message bytes",
-        s.param_bytes, s.buffer_bytes, s.tail_bytes, s.message_bytes);
+        "sizes out of range: {} parameter bytes, {} buffer bytes, {} tail bytes, {} message "
+        "bytes, {} row bytes",
+        s.param_bytes, s.buffer_bytes, s.tail_bytes, s.message_bytes, s.row_bytes);
   if (s.param_bytes % kAlign != 0 || s.buffer_bytes % kAlign != 0 || s.tail_bytes % kAlign != 0 ||
-      s.message_bytes % kAlign != 0)
+      s.message_bytes % kAlign != 0 || s.row_bytes % kAlign != 0)
     return "region sizes are not multiples of 64 bytes";
   // Every tensor takes at least kAlign bytes (see ModelBinding).
   if (std::uint64_t{s.param_count} * kAlign > s.param_bytes)

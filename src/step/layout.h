@@ -29,7 +29,7 @@
 //                     | mean gradient B (... or these, every other step)  |
 //                     |   stage tail                                      |
 //   slots_offset      +---------------------------------------------------+
-//                     | slot 0:  gradient | has-grad flags | buffers      |
+//                     | slot 0:  gradient | has-grad flags | rows | buffers|
 //                     | slot 1:  ...                                      |
 //                     | slot N-1                                          |
 //   segment_bytes     +---------------------------------------------------+
@@ -44,7 +44,10 @@
 // (float32 first), so each dtype's gradients are one contiguous run. Each result
 // is followed by the stage tail: tail_bytes that belong to the reduction stage
 // (step/stage.h), right after the gradient so that the stage can move both as
-// one buffer; the step never reads them.
+// one buffer; the step never reads them. A slot's rows hold one byte per row
+// (first dimension) of every parameter, in parameter order: the rows a sparse
+// gradient touched (step/sparse_rows.h), so that the parent can hand a sparse
+// .grad on. The slot itself stays dense.
 #pragma once
 
 #include <atomic>
@@ -60,7 +63,7 @@
 namespace gradagg::detail {
 
 inline constexpr std::uint64_t kMagic = 0x3167'6761'6461'7267ULL;  // "grdagg1"
-inline constexpr std::uint32_t kLayoutVersion = 5;
+inline constexpr std::uint32_t kLayoutVersion = 6;
 // Arrive lines for early buckets (step/buckets.h) in the header.
 inline constexpr int kMaxEarlyBuckets = 64;
 // The most workers one segment serves (Options::kMaxWorkers).
@@ -85,6 +88,7 @@ struct LayoutSizes {
   std::uint64_t buffer_bytes = 0;  // sum of aligned buffer sizes
   std::uint64_t tail_bytes = 0;    // the stage tail after each result (ReductionStage::tailBytes)
   std::uint64_t message_bytes = 0; // room for a step's message (Options::message_bytes, aligned)
+  std::uint64_t row_bytes = 0;     // a slot's rows: the parameters' first dimensions (aligned)
 };
 
 // Offsets of every region, all derived from LayoutSizes by plan().
@@ -100,6 +104,7 @@ struct Layout {
   std::uint64_t slots_offset = 0;
   std::uint64_t slot_bytes = 0;           // stride between slots
   std::uint64_t slot_flags_offset = 0;    // within a slot; gradient is at 0
+  std::uint64_t slot_rows_offset = 0;     // within a slot
   std::uint64_t slot_buffers_offset = 0;  // within a slot
   std::uint64_t segment_bytes = 0;
 
@@ -253,6 +258,9 @@ struct SegmentMap {
   std::byte* slot(int rank) const { return base + layout.slotOffset(rank); }  // its gradient
   std::uint8_t* slotFlags(int rank) const {
     return reinterpret_cast<std::uint8_t*>(slot(rank) + layout.slot_flags_offset);
+  }
+  std::uint8_t* slotRows(int rank) const {
+    return reinterpret_cast<std::uint8_t*>(slot(rank) + layout.slot_rows_offset);
   }
   std::byte* slotBuffers(int rank) const { return slot(rank) + layout.slot_buffers_offset; }
 };

@@ -16,11 +16,13 @@ SlotWriter::SlotWriter(const SegmentMap& map, int rank)
       rank_(rank),
       control_(map.control(rank)),
       gradient_(map.slot(rank)),
-      flags_(map.slotFlags(rank)) {}
+      flags_(map.slotFlags(rank)),
+      rows_(map.slotRows(rank)) {}
 
 void SlotWriter::bind(ModelBinding& binding) {
   binding_ = &binding;
   flat_ = flatParams(binding);
+  row_map_ = rowMap(binding.params());
   auto& params = binding.params();
   grad_views_.reserve(params.size());
   for (std::size_t k = 0; k < params.size(); ++k) {
@@ -30,8 +32,17 @@ void SlotWriter::bind(ModelBinding& binding) {
     p.tensor.mutable_grad() = grad_views_[k];
     std::uint8_t* flag = flags_ + k;
     std::uint64_t* seen = &gradients_seen_;
-    p.tensor.register_hook([flag, seen](const at::Tensor&) {
-      *flag = 1;
+    std::uint8_t* rows = rows_ + row_map_.offset[k];
+    const std::int64_t row_count = row_map_.rows[k];
+    // Autograd adds a sparse gradient into the dense slot view (.grad) in
+    // place; the hook sees it as it arrives and notes its rows.
+    p.tensor.register_hook([flag, seen, rows, row_count](const at::Tensor& grad) {
+      if (grad.is_sparse()) {
+        *flag |= kSparseGrad;
+        markRows(rows, row_count, grad);
+      } else {
+        *flag |= kDenseGrad;
+      }
       ++*seen;
     });
   }
@@ -50,6 +61,7 @@ void SlotWriter::begin() {
   control_.times.wake_ms = wake_ms;
   std::memset(gradient_, 0, map_.layout.sizes.param_bytes);
   std::memset(flags_, 0, map_.layout.sizes.param_count);
+  std::memset(rows_, 0, map_.layout.sizes.row_bytes);
   auto& params = binding_->params();
   for (std::size_t k = 0; k < params.size(); ++k) {
     TensorEntry& p = params[k];
@@ -87,7 +99,7 @@ void SlotWriter::write(const SlotSummary& summary) {
       throw InvalidArgument(fmt::format("parameter '{}': gradient is {}, expected {}", p.name,
                                         describeTensor(g), describeShape(p.sizes, p.dtype)));
     grad_views_[k].copy_(g.is_sparse() ? g.to_dense() : g);
-    flags_[k] = 1;
+    flags_[k] |= g.is_sparse() ? kSparseGrad : kDenseGrad;
     p.tensor.mutable_grad() = grad_views_[k];
   }
   std::byte* slot_buffers = map_.slotBuffers(rank_);
@@ -184,11 +196,19 @@ LocalOutcome SlotReader::collect(std::vector<std::uint8_t>& any_grad) const {
     t.samples += c.samples;
   }
   for (std::size_t k = 0; k < any_grad.size(); ++k) {
-    bool any = false;
-    for (int r = 0; r < workers_ && !any; ++r) any = map_.slotFlags(r)[k] != 0;
-    any_grad[k] = any ? 1 : 0;
+    std::uint8_t flags = 0;
+    for (int r = 0; r < workers_; ++r) flags |= map_.slotFlags(r)[k];
+    any_grad[k] = flags;
   }
   return out;
+}
+
+void SlotReader::touchedRows(std::uint64_t offset, std::int64_t rows, std::uint8_t* out) const {
+  std::memset(out, 0, static_cast<std::size_t>(rows));
+  for (int r = 0; r < workers_; ++r) {
+    const std::uint8_t* in = map_.slotRows(r) + offset;
+    for (std::int64_t i = 0; i < rows; ++i) out[i] |= in[i];
+  }
 }
 
 std::string SlotReader::message(int r) const {

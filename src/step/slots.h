@@ -16,6 +16,7 @@
 #include "model/model_binding.h"
 #include "step/flat.h"
 #include "step/layout.h"
+#include "step/sparse_rows.h"
 #include "step/weights.h"
 
 namespace gradagg::detail {
@@ -102,6 +103,8 @@ class SlotWriter {
   WorkerControl& control_;
   std::byte* gradient_;
   std::uint8_t* flags_;
+  std::uint8_t* rows_;
+  RowMap row_map_;
   ModelBinding* binding_ = nullptr;
   std::vector<FlatTensor> flat_;
   std::vector<at::Tensor> grad_views_;
@@ -116,9 +119,12 @@ class SlotReader {
 
   // Before the parent forks a group: every status ok, no message.
   void prepareStart();
-  // Statuses, totals (with the closer's weights) and, per parameter, whether
-  // one of the workers produced a gradient (`any_grad`).
+  // Statuses, totals (with the closer's weights) and, per parameter, the
+  // has-grad flags of the workers OR-ed (`any_grad`: kDenseGrad, kSparseGrad).
   LocalOutcome collect(std::vector<std::uint8_t>& any_grad) const;
+  // The rows [offset, offset + rows) of the slots' rows, OR-ed over the
+  // workers, into `out` (step/sparse_rows.h).
+  void touchedRows(std::uint64_t offset, std::int64_t rows, std::uint8_t* out) const;
 
   int workers() const { return workers_; }
   bool ok(int r) const { return status(r) == SlotStatus::kOk; }

@@ -30,7 +30,8 @@ CrossNode::CrossNode(const Options& options, ModelBinding& binding)
       compression_(options.nodes.compression),
       checksum_interval_(options.nodes.checksum_interval),
       gather_buffers_(options.buffers == BufferSync::kFromRank0),
-      placement_(rendezvous(group_, options, binding)) {}
+      placement_(rendezvous(group_, options, binding)),
+      row_map_(rowMap(binding.params())) {}
 
 std::uint64_t CrossNode::tailBytes() const { return statusBytes(binding_.params().size()); }
 
@@ -102,6 +103,7 @@ StepTotals CrossNode::reduce(const StepTotals& local, std::vector<std::uint8_t>&
   out.overlapped = overlapped;
   if (all.failed || all.non_finite) return out;
   sumMetrics(local, out);
+  unionRows(any_grad, out);
   if (all.weight_total > 0) divide(result, any_grad, all.weight_total);  // 0: refused
   return out;
 }
@@ -128,6 +130,31 @@ void CrossNode::sumMetrics(const StepTotals& local, StepTotals& out) {
     values[i] = i < local.metric_count ? local.metrics[i] : 0;
   group_.allreduceSum(metrics_, "the cross-node metric allreduce");
   for (int i = 0; i < out.metric_count; ++i) out.metrics[i] = values[i];
+  ++out.collectives;
+}
+
+void CrossNode::unionRows(const std::vector<std::uint8_t>& any_grad, StepTotals& out) {
+  std::int64_t count = 0;
+  for (std::size_t k = 0; k < any_grad.size(); ++k)
+    if (sparseOnly(any_grad[k])) count += row_map_.rows[k];
+  if (count == 0) return;
+  at::Tensor rows = at::zeros({count}, at::kInt);
+  std::int32_t* r = rows.data_ptr<std::int32_t>();
+  for (std::size_t k = 0, at = 0; k < any_grad.size(); ++k) {
+    if (!sparseOnly(any_grad[k])) continue;
+    for (int w = 0; w < segment_.workers(); ++w) {
+      const std::uint8_t* in = segment_.slotRows(w) + row_map_.offset[k];
+      for (std::int64_t i = 0; i < row_map_.rows[k]; ++i) r[at + i] |= in[i];
+    }
+    at += static_cast<std::size_t>(row_map_.rows[k]);
+  }
+  group_.allreduceSum(rows, "the cross-node allreduce of the sparse gradients' rows");
+  for (std::size_t k = 0, at = 0; k < any_grad.size(); ++k) {
+    if (!sparseOnly(any_grad[k])) continue;
+    std::uint8_t* first = segment_.slotRows(0) + row_map_.offset[k];
+    for (std::int64_t i = 0; i < row_map_.rows[k]; ++i) first[i] = r[at + i] > 0 ? 1 : 0;
+    at += static_cast<std::size_t>(row_map_.rows[k]);
+  }
   ++out.collectives;
 }
 

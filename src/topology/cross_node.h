@@ -91,6 +91,9 @@ class CrossNode final : public ReductionStage {
   int awaitSent();
   // The metrics' sums over the nodes into `out` (a collective of their own).
   void sumMetrics(const StepTotals& local, StepTotals& out);
+  // For parameters whose gradients were sparse everywhere: the rows touched on
+  // any node into slot 0's rows (a collective of its own, only then).
+  void unionRows(const std::vector<std::uint8_t>& any_grad, StepTotals& out);
   void divide(int result, const std::vector<std::uint8_t>& any_grad, double total);
   // The nodes' parameter checksums must agree (NodeFailed otherwise).
   void checkParameters(std::int64_t step);
@@ -107,8 +110,9 @@ class CrossNode final : public ReductionStage {
   std::vector<Piece> pieces_;
   std::uint64_t wire_bytes_ = 0;  // per step, from this node
   c10::ScalarType status_dtype_ = c10::ScalarType::Double;
-  std::vector<at::Tensor> first_buffers_;
-  at::Tensor metrics_;  // ShardResult::kMaxMetrics doubles: the metric sums that cross  // views of the buffers shareFirstBuffers gets
+  std::vector<at::Tensor> first_buffers_;  // views of the buffers shareFirstBuffers gets
+  RowMap row_map_;
+  at::Tensor metrics_;  // ShardResult::kMaxMetrics doubles: the metric sums that cross
   const std::byte* first_buffers_base_ = nullptr;
   // The sender thread and what it shares with the parent's thread.
   std::thread sender_;

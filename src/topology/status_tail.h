@@ -24,11 +24,14 @@ struct StatusFields {
                       // any (a node whose workers had no samples has none); the values
                       // cross in a collective of their own, in double
   // Then one has-grad count per parameter: the nodes where some worker gave
-  // it a gradient.
+  // it a dense gradient, plus kSparseNodes times those where one gave it a
+  // sparse gradient (step/sparse_rows.h).
 };
 inline constexpr std::uint64_t kStatusFields = 8;
 // Exact in float32 for up to kMetricNodes - 1 nodes of ShardResult::kMaxMetrics names.
 inline constexpr int kMetricNodes = 1024;
+// Exact in float32 (< 2^24) for up to kSparseNodes - 1 nodes.
+inline constexpr std::int64_t kSparseNodes = 4096;
 static_assert(sizeof(StatusFields<float>) == kStatusFields * sizeof(float) &&
               sizeof(StatusFields<double>) == kStatusFields * sizeof(double));
 
@@ -63,7 +66,9 @@ void writeStatus(std::byte* tail, const StepTotals& local, const std::vector<std
   s->loss = static_cast<T>(local.loss);
   s->metrics = static_cast<T>(local.metric_count * kMetricNodes + (local.metric_count > 0));
   T* has_grad = reinterpret_cast<T*>(tail) + kStatusFields;
-  for (std::size_t k = 0; k < any_grad.size(); ++k) has_grad[k] = any_grad[k];
+  for (std::size_t k = 0; k < any_grad.size(); ++k)
+    has_grad[k] = static_cast<T>(((any_grad[k] & kDenseGrad) ? 1 : 0) +
+                                 ((any_grad[k] & kSparseGrad) ? kSparseNodes : 0));
 }
 
 template <typename T>
@@ -77,7 +82,11 @@ StepTotals readStatus(const std::byte* tail, std::vector<std::uint8_t>& any_grad
   out.loss = out.weight_total > 0 ? static_cast<double>(s->loss) / out.weight_total : 0;
   out.metric_count = static_cast<int>(s->metrics);  // the sum, as encoded: CrossNode reads it
   const T* has_grad = reinterpret_cast<const T*>(tail) + kStatusFields;
-  for (std::size_t k = 0; k < any_grad.size(); ++k) any_grad[k] = has_grad[k] > 0 ? 1 : 0;
+  for (std::size_t k = 0; k < any_grad.size(); ++k) {
+    const auto nodes = static_cast<std::int64_t>(has_grad[k]);
+    any_grad[k] = static_cast<std::uint8_t>((nodes % kSparseNodes > 0 ? kDenseGrad : 0) |
+                                            (nodes / kSparseNodes > 0 ? kSparseGrad : 0));
+  }
   return out;
 }
 

@@ -236,6 +236,10 @@ NodeResult trainNode(const NodeRun& run) {
         }
       },
       &result.what);
+  // How many parameters ended with a sparse .grad (Embedding(sparse=true)).
+  int sparse = 0;
+  for (const auto& p : model->parameters()) sparse += p.grad().defined() && p.grad().is_sparse();
+  if (sparse > 0) result.metrics["sparse_grads"] = sparse;
   if (result.outcome == kNodeFailed && agg) {
     result.usable_after = agg->usable();
     result.children_after = static_cast<int>(childPids().size());

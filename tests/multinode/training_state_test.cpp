@@ -60,6 +60,31 @@ TEST_F(MultiNode, ANodeWhoseWorkersHaveNothingLeavesTheMeanOverTheSamplesThatExi
     EXPECT_TRUE(torch::equal(results[0].params[k], results[1].params[k])) << "tensor " << k;
 }
 
+// Embedding(sparse=true) across nodes: every node's parent gets the sparse
+// .grad of the rows touched anywhere (the rows cross in a collective of their
+// own), also a node whose workers had nothing, and SGD trains as one process.
+TEST_F(MultiNode, SparseGradientsStaySparseAcrossNodesOverTheRowsTouchedAnywhere) {
+  for (const int empty_from : {-1, 2}) {
+    NodeRun run;
+    run.nodes = 2;
+    run.kind = ModelKind::kSparseEmbedding;
+    run.store = store(empty_from < 0 ? "s" : "s-empty");
+    run.empty_from_global_rank = empty_from;  // 2: node 1's workers have no rows
+    NodeRun other = run;
+    other.node = 1;
+    const auto results = runNodes({run, other});
+    for (int n = 0; n < 2; ++n) {
+      ASSERT_EQ(results[n].outcome, kOk) << results[n].what;
+      EXPECT_EQ(results[n].metrics.count("sparse_grads") ? results[n].metrics.at("sparse_grads") : 0,
+                1)
+          << "node " << n << ", empty from " << empty_from;
+    }
+    expectClose(results[0].params, oneProcess(run), 1e-10, "node 0 vs one process");
+    for (size_t k = 0; k < results[0].params.size(); ++k)
+      EXPECT_TRUE(torch::equal(results[0].params[k], results[1].params[k])) << "tensor " << k;
+  }
+}
+
 TEST_F(MultiNode, AStepWithNoSamplesOnAnyNodeIsAnInvalidArgumentOnEvery) {
   NodeRun run;
   run.nodes = 2;

@@ -19,6 +19,8 @@ std::string kindName(ModelKind kind) {
       return "ConvBnEval";
     case ModelKind::kConvBnTrain:
       return "ConvBnTrain";
+    case ModelKind::kSparseEmbedding:
+      return "SparseEmbedding";
   }
   return "?";
 }
@@ -67,6 +69,23 @@ struct ConvBnModel : TestModel {
   torch::nn::Linear fc{nullptr};
 };
 
+// Rows 10 and 11 of the embedding are never looked up (makeData draws 0..9).
+struct SparseEmbeddingModel : TestModel {
+  SparseEmbeddingModel() {
+    emb = register_module("emb",
+                          torch::nn::Embedding(torch::nn::EmbeddingOptions(12, 4).sparse(true)));
+    fc = register_module("fc", torch::nn::Linear(4, 1));
+  }
+  torch::Tensor forward(const torch::Tensor& x) override {
+    return fc(torch::relu(emb(x)).mean(1)).squeeze(1);
+  }
+  torch::Tensor loss(const torch::Tensor& out, const torch::Tensor& y) override {
+    return torch::mse_loss(out, y);
+  }
+  torch::nn::Embedding emb{nullptr};
+  torch::nn::Linear fc{nullptr};
+};
+
 std::shared_ptr<TestModel> construct(ModelKind kind) {
   std::shared_ptr<TestModel> m;
   switch (kind) {
@@ -79,6 +98,9 @@ std::shared_ptr<TestModel> construct(ModelKind kind) {
     case ModelKind::kConvBnEval:
     case ModelKind::kConvBnTrain:
       m = std::make_shared<ConvBnModel>();
+      break;
+    case ModelKind::kSparseEmbedding:
+      m = std::make_shared<SparseEmbeddingModel>();
       break;
   }
   m->kind = kind;
@@ -130,6 +152,8 @@ Data makeData(ModelKind kind, int64_t batch, torch::Dtype dtype, uint64_t seed) 
     case ModelKind::kConvBnEval:
     case ModelKind::kConvBnTrain:
       return {torch::randn({batch, 1, 6, 6}, opts), torch::randint(0, 3, {batch}, torch::kLong)};
+    case ModelKind::kSparseEmbedding:
+      return {torch::randint(0, 10, {batch, 3}, torch::kLong), torch::randn({batch}, opts)};
   }
   return {};
 }

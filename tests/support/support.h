@@ -15,7 +15,8 @@
 
 namespace gradagg_test {
 
-enum class ModelKind { kLinear, kMlp, kConvBnEval, kConvBnTrain };
+// kSparseEmbedding: Embedding(sparse=true) -> mean -> Linear, a sparse gradient.
+enum class ModelKind { kLinear, kMlp, kConvBnEval, kConvBnTrain, kSparseEmbedding };
 std::string kindName(ModelKind kind);
 
 // A model with its own loss, so a test can run it the same way in the workers
