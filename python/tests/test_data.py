@@ -188,12 +188,12 @@ def with_adam(model):
 
 
 def test_a_resume_mid_epoch_reads_the_batches_of_the_run_never_stopped():
-    d = ShardedBatches(dataset(17), 4, shuffle=True, seed=9)   # 5 steps per epoch
+    d = ShardedBatches(dataset(17), 8, shuffle=True, seed=9)   # 3 steps per epoch: 8, 8, 1
     steps = 2 * d.steps_per_epoch()
     straight = run(with_adam(mlp(dropout=True)), d, 0, steps)
     resumed = with_adam(mlp(dropout=True))
-    run(resumed, d, 0, 3)            # stops in the middle of epoch 0
-    run(resumed, d, 3, steps)        # a fresh Aggregator, start_step=3
+    run(resumed, d, 0, 4)            # stops in the middle of epoch 1
+    run(resumed, d, 4, steps)        # a fresh Aggregator, start_step=4 (of 6)
     for p, q in zip(straight.parameters(), resumed.parameters()):
         assert torch.equal(p, q)
     assert not torch.equal(straight[0].weight, mlp(dropout=True)[0].weight)
