@@ -222,3 +222,49 @@ def test_an_aggregator_never_closed_ends_with_the_interpreter():
     time.sleep(0.2)
     for pid in pids:
         assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def _expect_full_batch(model, x, y):
+    from models import full_batch_grads
+    want = full_batch_grads(model, x, y)
+    return all(torch.allclose(p.grad, w, rtol=1e-5, atol=1e-7)
+               for p, w in zip(model.parameters(), want))
+
+
+def test_workers_outlive_the_thread_that_made_the_aggregator():
+    # PR_SET_PDEATHSIG fires when the forking *thread* ends; the workers must not die.
+    model = mlp()
+    x, y = data(24)
+    made = {}
+    t = threading.Thread(target=lambda: made.update(
+        agg=gradagg.Aggregator(model, shard_fn(model, x, y, bounds(24, 3, False)), workers=3)))
+    t.start()
+    t.join()
+    time.sleep(0.2)
+    with made["agg"] as agg:
+        assert agg.usable
+        agg.step()
+        assert _expect_full_batch(model, x, y)
+
+
+def test_a_process_forked_inside_the_with_block_never_stops_the_workers():
+    model = mlp()
+    x, y = data(24)
+    with gradagg.Aggregator(model, shard_fn(model, x, y, bounds(24, 2, False)), workers=2) as agg:
+        pid = os.fork()
+        if pid == 0:  # the user's fork: a copy of everything, the Aggregator too
+            code = 0
+            try:
+                agg.step()
+                code = 2
+            except gradagg.NotUsable as e:
+                code = 0 if "copy made by fork()" in str(e) else 4
+            except BaseException:
+                code = 8
+            agg.__exit__(None, None, None)  # leaving the with block in the copy
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        assert agg.usable
+        agg.step()
+        assert _expect_full_batch(model, x, y)

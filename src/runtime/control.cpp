@@ -173,8 +173,17 @@ int ParentChannel::lateRank() const {
   return not_done;
 }
 
+std::string ParentChannel::unusableReason() const {
+  if (forkedCopy())
+    return fmt::format(
+        "this is a copy made by fork() in process {}: the workers belong to process {}, which "
+        "alone can use or stop them",
+        ::getpid(), processes_->owner());
+  return reason_;
+}
+
 void ParentChannel::stop(const std::string& reason) noexcept {
-  processes_->killAll();
+  processes_->killAll();  // in a forked copy: forgets them, touches nothing
   if (usable_) {
     try {
       reason_ = reason;
@@ -186,7 +195,7 @@ void ParentChannel::stop(const std::string& reason) noexcept {
 void ParentChannel::shutdown(const std::function<void()>& stop_command,
                              std::chrono::milliseconds grace) noexcept {
   if (processes_ == nullptr) return;
-  if (usable_) {
+  if (usable()) {  // not in a forked copy: the stop command would reach the owner's workers
     try {
       stop_command();
       processes_->waitAll(grace);

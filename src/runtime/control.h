@@ -98,8 +98,9 @@ class ParentChannel {
   int workers() const noexcept { return static_cast<int>(workers_.size()); }
   std::uint32_t seq() const noexcept { return seq_; }
   Phase phaseOf(int rank) const noexcept;
-  bool usable() const noexcept { return usable_; }
-  const std::string& unusableReason() const noexcept { return reason_; }
+  // False in a copy made by fork() too: the workers are the owner's.
+  bool usable() const noexcept { return usable_ && !forkedCopy(); }
+  std::string unusableReason() const;
   void onDeath(DeathHandler handler) { on_death_ = std::move(handler); }
   // The parent has a core that none of the processes it waits for needs (its
   // workers' threads and the parents on these cores fit the cores): its waits
@@ -157,6 +158,8 @@ class ParentChannel {
 
   std::atomic<std::uint32_t>* command_seq_ = nullptr;
   std::vector<WorkerWords> workers_;
+  bool forkedCopy() const noexcept { return processes_ != nullptr && processes_->forkedCopy(); }
+
   ProcessSet* processes_ = nullptr;
   ChannelNames names_;
   DeathHandler on_death_;

@@ -57,12 +57,33 @@ std::string ProcessExit::describe() const {
 }
 
 namespace {
+// PR_SET_PDEATHSIG signals the child when the *thread* that forked it ends (a
+// std::thread, a Python threading.Thread or a pool task that made the
+// Aggregator), and again when the thread it is handed to ends, up to the
+// process. So the signal is one the child handles: it dies only when its
+// parent process is gone (getppid() is the process, not the thread).
+pid_t g_parent = 0;
+void onParentThreadEnd(int) {
+  if (::getppid() != g_parent) ::kill(::getpid(), SIGKILL);
+}
+int parentDeathSignal() { return SIGRTMAX - 1; }
+
+bool armParentDeath(pid_t parent) {
+  g_parent = parent;
+  struct sigaction action {};
+  action.sa_handler = onParentThreadEnd;
+  action.sa_flags = SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  if (::sigaction(parentDeathSignal(), &action, nullptr) != 0) return false;
+  return ::prctl(PR_SET_PDEATHSIG, parentDeathSignal()) == 0;
+}
+
 // In the child: never returns into the parent's code, never runs its atexit handlers.
 [[noreturn]] void runChild(pid_t parent, const std::function<int()>& body) noexcept {
   int code = kExitParentGone;
   const HostHooks& hooks = hostHooks();
   if (hooks.after_fork_child) hooks.after_fork_child();
-  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(code);
+  if (!armParentDeath(parent) || ::getppid() != parent) ::_exit(code);
   std::signal(SIGINT, SIG_IGN);
   try {
     std::thread([&] {
@@ -158,6 +179,10 @@ bool ProcessSet::waitAll(std::chrono::milliseconds timeout) {
 }
 
 void ProcessSet::killAll() noexcept {
+  if (forkedCopy()) {
+    children_.clear();
+    return;
+  }
   for (Child& c : children_) {
     if (c.exit) continue;
     ::kill(c.pid, SIGKILL);

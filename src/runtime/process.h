@@ -2,6 +2,8 @@
 // and reaps whatever still runs, so an exception or a failing test never leaks one.
 #pragma once
 
+#include <unistd.h>
+
 #include <sys/types.h>
 
 #include <chrono>
@@ -33,8 +35,11 @@ class ProcessSet {
   ProcessSet& operator=(const ProcessSet&) = delete;
   ~ProcessSet() { killAll(); }
 
-  // Forks a child that arms PR_SET_PDEATHSIG(SIGKILL), checks its parent is
-  // still the one that forked it, ignores SIGINT (the parent decides), runs
+  // Forks a child that arms PR_SET_PDEATHSIG (with a handler that kills the
+  // child with SIGKILL once the parent *process* is gone: the signal also comes
+  // when only the thread that forked it ends, and the workers outlive that
+  // thread), checks its parent is still the one that forked it, ignores
+  // SIGINT (the parent decides), runs
   // body() on a fresh thread and _exits with its result (126, and the message
   // on stderr, when it throws). Returns the child's pid in the parent; never
   // returns in the child. Flushes stdio first so nothing is printed twice.
@@ -54,10 +59,15 @@ class ProcessSet {
   std::optional<ProcessExit> poll(std::size_t i);
   // Waits until every child has ended or `timeout` passed; true when all ended.
   bool waitAll(std::chrono::milliseconds timeout);
-  // SIGKILL every child still running, then reap it. Idempotent.
+  // SIGKILL every child still running, then reap it. Idempotent. In a copy
+  // made by fork() (forkedCopy()) it only forgets them: they are the owner's.
   void killAll() noexcept;
   // Forgets every child; call after killAll().
   void clear() noexcept { children_.clear(); }
+  // This object was copied into another process by a fork() (the user's, or a
+  // Python os.fork()): the children belong to the process that made them.
+  bool forkedCopy() const noexcept { return ::getpid() != owner_; }
+  pid_t owner() const noexcept { return owner_; }
 
  private:
   struct Child {
@@ -65,6 +75,7 @@ class ProcessSet {
     std::optional<ProcessExit> exit;  // set once reaped
   };
   std::vector<Child> children_;
+  pid_t owner_ = ::getpid();  // the process whose children these are
 };
 
 }  // namespace gradagg::detail

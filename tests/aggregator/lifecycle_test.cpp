@@ -1,6 +1,13 @@
-// An aggregator's life: two side by side, shutdown, a move, and the model that
-// gets its own memory back when the aggregator goes.
+// An aggregator's life: two side by side, shutdown, a move, the model that
+// gets its own memory back when the aggregator goes, a thread that made it and
+// ended, a process forked from its owner.
 #include "behaviour.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <optional>
+#include <thread>
 
 namespace gradagg_test {
 namespace {
@@ -59,6 +66,56 @@ TEST_F(Behaviour, ModelGetsItsOwnMemoryBackWhenTheAggregatorIsDestroyed) {
   sgd.zero_grad();
   model->loss(model->forward(data.x), data.y).backward();
   sgd.step();
+}
+
+// PR_SET_PDEATHSIG fires when the forking *thread* ends: the workers must not.
+TEST_F(Behaviour, WorkersOutliveTheThreadThatMadeTheAggregator) {
+  auto model = makeModel(ModelKind::kMlp, torch::kDouble);
+  const Data data = makeData(ModelKind::kMlp, 12, torch::kDouble);
+  const auto want = fullBatchGrads(*model, data);
+  std::optional<gradagg::Aggregator> agg;
+  std::thread([&] {
+    agg.emplace(*model, shardFn(*model, data, shardBounds(12, 3, false)), opts(3));
+  }).join();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a signal has time to land
+  ASSERT_TRUE(agg->usable());
+  agg->step();
+  expectClose(gradsOf(*model), want, 1e-12, "after the thread ended");
+  EXPECT_EQ(childPids().size(), 3u);
+}
+
+// A process forked from the owner (the user's fork(), Python's os.fork()) holds
+// a copy of the Aggregator: it can neither step nor stop the owner's workers,
+// and its end (destructors included) leaves them alone.
+TEST_F(Behaviour, AProcessForkedFromTheOwnerNeverTouchesItsWorkers) {
+  auto model = makeModel(ModelKind::kMlp, torch::kDouble);
+  const Data data = makeData(ModelKind::kMlp, 12, torch::kDouble);
+  const auto want = fullBatchGrads(*model, data);
+  auto agg = std::make_unique<gradagg::Aggregator>(
+      *model, shardFn(*model, data, shardBounds(12, 2, false)), opts(2));
+  const pid_t child = ::fork();
+  if (child == 0) {
+    int code = 0;
+    if (agg->usable()) code |= 1;
+    try {
+      agg->step();
+      code |= 2;
+    } catch (const gradagg::NotUsable& e) {
+      if (std::string(e.what()).find("copy made by fork()") == std::string::npos) code |= 4;
+    } catch (...) {
+      code |= 8;
+    }
+    agg->shutdown();
+    agg.reset();  // the destructor, as at a normal exit
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: usable, 2: stepped, 4: unclear error, 8: other error";
+  ASSERT_TRUE(agg->usable());
+  agg->step();
+  expectClose(gradsOf(*model), want, 1e-12, "after the forked copy ended");
 }
 
 }  // namespace
