@@ -194,6 +194,10 @@ int run(int argc, char** argv) {
     }
   };
   bool told = false;
+  callbacks.around_save = [](const std::function<void()>& save) {
+    example::HoldStopSignals hold;  // a second Ctrl-C waits until the file is in place
+    save();
+  };
   callbacks.should_stop = [&] {
     if (example::stopSignal() != 0 && !told) {
       display.clear();

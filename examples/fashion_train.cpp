@@ -351,7 +351,11 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
       state.step = progress.step;
       state.metadata = metadataOf(progress);
       state.settings = trajectorySettings(config);
-      checkpoint->save(*model, *optimizer, state);
+      auto save = [&] { checkpoint->save(*model, *optimizer, state); };
+      if (callbacks.around_save)
+        callbacks.around_save(save);
+      else
+        save();
     }
     if (stop && !finished) {
       result.stopped = true;

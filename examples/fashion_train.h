@@ -101,6 +101,9 @@ struct TrainCallbacks {
   std::function<bool()> should_stop;
   // Said once, before the first step (data sizes, resume point).
   std::function<void(const std::string&)> on_info;
+  // Runs each checkpoint save it is given (e.g. with stop signals held, so
+  // that a second Ctrl-C cannot cut a save short); unset: the save just runs.
+  std::function<void(const std::function<void()>& save)> around_save;
 };
 
 // Loads the data, trains, evaluates after every epoch. Checkpoints with

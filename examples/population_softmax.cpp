@@ -48,7 +48,7 @@ int run(int argc, char** argv) {
   std::string policy_name = "random", lineage, data = "/usr/share/datasets/fashion-mnist";
   std::string checkpoint_path, resume;
   double p = 0.15, fraction = 0.25, lr_min = 1e-4, lr_max = 1.0, step_timeout_s = 300;
-  std::int64_t steps = 2000, interval = 100, batch = 64;
+  std::int64_t steps = 2000, interval = 100, batch = 64, checkpoint_every = 0;
   std::uint64_t seed = 1;
   int workers = 4;
   CLI::App app{"gradagg population mode: PBT of softmax regression on Fashion-MNIST"};
@@ -78,6 +78,9 @@ int run(int argc, char** argv) {
   app.add_option("--checkpoint", checkpoint_path,
                  "write the whole population to FILE at the end and when stopped (Ctrl-C, "
                  "SIGTERM, SIGHUP)");
+  app.add_option("--checkpoint-every", checkpoint_every,
+                 "also write it every N steps (rounded up to a publish point)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--resume", resume, "start every member from a --checkpoint file");
   if (const auto done = example::parseCommandLine(app, argc, argv)) return *done;
   if (lr_min > lr_max)
@@ -137,16 +140,27 @@ int run(int argc, char** argv) {
   gradagg::Population population(*model, fns, options);
   std::size_t copies = 0;
   // A resumed population goes on from its members' step.
+  // A second Ctrl-C while a checkpoint is written waits until the file is in place.
+  auto save = [&] {
+    example::HoldStopSignals hold;
+    population.checkpoint(checkpoint->path());
+  };
+  std::int64_t saved_at = population.snapshot(0).step;
   for (std::int64_t done = population.snapshot(0).step; done < steps; done += interval) {
     copies += population.generation().size();
+    if (checkpoint && checkpoint_every > 0 && done + interval - saved_at >= checkpoint_every &&
+        done + interval < steps) {
+      save();
+      saved_at = done + interval;
+    }
     if (example::stopSignal() != 0) {
-      if (checkpoint) population.checkpoint(checkpoint->path());
+      if (checkpoint) save();
       std::printf("stopped at step %ld%s\n", static_cast<long>(population.snapshot(0).step),
                   checkpoint ? ("; resume with --resume " + checkpoint->path()).c_str() : "");
       return 128 + example::stopSignal();
     }
   }
-  if (checkpoint) population.checkpoint(checkpoint->path());
+  if (checkpoint) save();
 
   // Score every member's final snapshot on the test set, here in the parent.
   double best = 0, mean = 0;

@@ -26,7 +26,7 @@ from gradagg.errors import (Error, InternalError, InvalidArgument, NodeFailed,  
                             NonFiniteGradient, NotUsable, StepTimeout, WorkerDied, WorkerError,
                             WorkerFailed)
 from gradagg._core import (NodeOptions, Options, ShardContext, StepReport,  # noqa: F401
-                           WorkerReport, _Aggregator)
+                           WorkerReport, _Aggregator, __version__)
 from gradagg.errors import CheckpointError, FileError  # noqa: F401
 from gradagg.checkpoint import Checkpoint, TrainingState  # noqa: F401
 from gradagg import data  # noqa: F401  (gradagg.data.ShardedBatches)

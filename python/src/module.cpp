@@ -276,6 +276,7 @@ void bindAggregator(py::module_& m) {
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "gradagg's C++ core (use the gradagg package, not this module)";
+  m.attr("__version__") = GRADAGG_VERSION;  // CMakeLists.txt's project(VERSION), pip's too
   py::module_::import("torch");  // the tensor type THPVariable_Check tests against
   gradagg::python::installHostHooks();
   gradagg::python::registerErrors();
