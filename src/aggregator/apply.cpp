@@ -41,9 +41,9 @@ void Applier::gradients(int result, const std::vector<std::uint8_t>& any_grad) {
       p.tensor.mutable_grad() = sparseGradient(result_views_[result][k], touched_.data());
     } else if (any_grad[k]) {
       p.tensor.mutable_grad() = result_views_[result][k];
-    }
-    else if (p.tensor.grad().defined())
+    } else if (p.tensor.grad().defined()) {
       p.tensor.mutable_grad() = at::Tensor();
+    }
   }
 }
 

@@ -138,22 +138,25 @@ void CrossNode::unionRows(const std::vector<std::uint8_t>& any_grad, StepTotals&
   for (std::size_t k = 0; k < any_grad.size(); ++k)
     if (sparseOnly(any_grad[k])) count += row_map_.rows[k];
   if (count == 0) return;
-  at::Tensor rows = at::zeros({count}, at::kInt);
-  std::int32_t* r = rows.data_ptr<std::int32_t>();
-  for (std::size_t k = 0, at = 0; k < any_grad.size(); ++k) {
+  // This node's union (the slots OR-ed, as the Applier reads them), as int32
+  // counts that sum over the nodes; then everyone's into slot 0's rows.
+  const SlotReader slots(segment_);
+  std::vector<std::uint8_t> local(static_cast<std::size_t>(count));
+  std::int64_t pos = 0;
+  for (std::size_t k = 0; k < any_grad.size(); ++k) {
     if (!sparseOnly(any_grad[k])) continue;
-    for (int w = 0; w < segment_.workers(); ++w) {
-      const std::uint8_t* in = segment_.slotRows(w) + row_map_.offset[k];
-      for (std::int64_t i = 0; i < row_map_.rows[k]; ++i) r[at + i] |= in[i];
-    }
-    at += static_cast<std::size_t>(row_map_.rows[k]);
+    slots.touchedRows(row_map_.offset[k], row_map_.rows[k], local.data() + pos);
+    pos += row_map_.rows[k];
   }
+  at::Tensor rows = at::from_blob(local.data(), {count}, at::kByte).to(at::kInt);
   group_.allreduceSum(rows, "the cross-node allreduce of the sparse gradients' rows");
-  for (std::size_t k = 0, at = 0; k < any_grad.size(); ++k) {
+  const std::int32_t* all = rows.data_ptr<std::int32_t>();
+  pos = 0;
+  for (std::size_t k = 0; k < any_grad.size(); ++k) {
     if (!sparseOnly(any_grad[k])) continue;
     std::uint8_t* first = segment_.slotRows(0) + row_map_.offset[k];
-    for (std::int64_t i = 0; i < row_map_.rows[k]; ++i) first[i] = r[at + i] > 0 ? 1 : 0;
-    at += static_cast<std::size_t>(row_map_.rows[k]);
+    for (std::int64_t i = 0; i < row_map_.rows[k]; ++i) first[i] = all[pos + i] > 0 ? 1 : 0;
+    pos += row_map_.rows[k];
   }
   ++out.collectives;
 }
