@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 
 # Debian 12 packages the build needs.
 PACKAGES := cmake g++ make libtorch-dev libboost-dev libfmt-dev libgtest-dev libcli11-dev \
-            libgloo-dev nlohmann-json3-dev gnuplot-nox zlib1g-dev dataset-fashion-mnist \
+            libgloo-dev libssl-dev nlohmann-json3-dev gnuplot-nox zlib1g-dev dataset-fashion-mnist \
             python3-dev python3-torch pybind11-dev python3-pytest python3-setuptools python3-pip \
             python3-venv
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <signal.h>
+#include <sys/time.h>
 
 #include <csignal>
 #include <cstdint>
@@ -26,6 +27,7 @@
 #include <CLI/CLI.hpp>
 
 #include <gradagg/errors.h>
+#include <gradagg/interrupt.h>
 
 namespace example {
 
@@ -38,7 +40,12 @@ enum ExitCode : int {
   kInternalError = 70,
 };
 
+inline volatile std::sig_atomic_t g_stop_signal = 0;
+
 inline int exitCodeFor(const std::exception& e) {
+  // A stop signal ended a wait on the other nodes: the stop's exit code.
+  if (dynamic_cast<const gradagg::Interrupted*>(&e) != nullptr && g_stop_signal != 0)
+    return 128 + g_stop_signal;
   if (dynamic_cast<const gradagg::FileError*>(&e) != nullptr) return kFileFailed;
   if (dynamic_cast<const gradagg::InvalidArgument*>(&e) != nullptr) return kBadInput;
   if (dynamic_cast<const std::invalid_argument*>(&e) != nullptr) return kBadInput;
@@ -85,7 +92,6 @@ inline std::optional<int> parseCommandLine(CLI::App& app, int argc, char** argv)
 // A SIGINT ignored at start (a background job of a script) stays ignored.
 // SIGXFSZ is ignored, so a file size limit is a write error the program
 // reports, not a core dump.
-inline volatile std::sig_atomic_t g_stop_signal = 0;
 inline volatile std::sig_atomic_t g_holding = 0;      // a checkpoint is being written
 inline volatile std::sig_atomic_t g_held_signal = 0;  // a second request meanwhile
 inline std::int64_t g_first_stop_ns = 0;              // written by the handler only
@@ -96,10 +102,19 @@ inline std::int64_t monotonicNs() {
   return std::int64_t{t.tv_sec} * 1000000000 + t.tv_nsec;
 }
 
+// 150 ms after the first stop request: a node still waiting on the other
+// nodes then (at the rendezvous, for a slow or stopped peer) ends the wait
+// (gradagg::Interrupted) instead of waiting for its timeout; a step that ends
+// sooner stops the run at its boundary as usual.
+inline void onStopGrace(int) { gradagg::interruptWaits(); }
+
 inline void onStopSignal(int signal) {
   if (g_stop_signal == 0) {
     g_first_stop_ns = monotonicNs();
     g_stop_signal = signal;
+    struct itimerval grace {};
+    grace.it_value.tv_usec = 150 * 1000;
+    ::setitimer(ITIMER_REAL, &grace, nullptr);  // async-signal-safe
     return;
   }
   if (monotonicNs() - g_first_stop_ns < 1000000000) return;  // the same request, again
@@ -124,6 +139,7 @@ inline void installStopSignals() {
   if (::sigaction(SIGINT, nullptr, &previous) == 0 && previous.sa_handler != SIG_IGN)
     ::sigaction(SIGINT, &action, nullptr);
   std::signal(SIGXFSZ, SIG_IGN);
+  std::signal(SIGALRM, onStopGrace);
 }
 
 // While one lives (around a checkpoint's save), a second stop request waits:

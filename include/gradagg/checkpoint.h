@@ -19,7 +19,9 @@
 //
 // The constructor checks that the file can be written (its directory exists
 // and accepts a new file), so a bad path fails when the run starts, not at its
-// first save. Across nodes every node holds the same bits: let node 0 save (the
+// first save. It also takes the path's CheckpointLock and keeps it while it (or
+// a copy) lives: a second run writing the same path is refused when it starts.
+// Across nodes every node holds the same bits: let node 0 save (the
 // examples do), let every node load the same file, and give
 // NodeOptions::resume_identity = identity() so the nodes check at the
 // rendezvous that they all resumed from it.
@@ -27,6 +29,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 #include <gradagg/errors.h>
@@ -59,6 +62,36 @@ class CheckpointError : public FileError {
   using FileError::FileError;
 };
 
+// An advisory lock on a checkpoint path for as long as a run writes it:
+// flock(LOCK_EX | LOCK_NB) on "<path>.lock" (mode 0600), which holds the
+// holder's pid and host. The kernel releases it when the holder exits, also
+// after kill -9; a clean release removes the file, one left by a killed holder
+// is taken over. In one process, locks of one path share the one flock (a
+// second Checkpoint of the path is not refused); a forked child (a worker)
+// does not hold it. Where the file system has no locks (ENOLCK, EOPNOTSUPP)
+// nothing is locked.
+class CheckpointLock {
+ public:
+  // Throws CheckpointError naming `checkpoint_path` and, when another live
+  // process holds the lock, that process ("... is being written by process
+  // 1234 (its lock <path>.lock); ..."); also when "<path>.lock" exists and is
+  // not a lock file (a checkpoint, say): it is never overwritten.
+  explicit CheckpointLock(const std::string& checkpoint_path);
+  CheckpointLock(CheckpointLock&& other) noexcept;
+  CheckpointLock& operator=(CheckpointLock&& other) noexcept;
+  CheckpointLock(const CheckpointLock&) = delete;
+  CheckpointLock& operator=(const CheckpointLock&) = delete;
+  ~CheckpointLock();
+
+  // "<checkpoint_path>.lock".
+  static std::string lockPathOf(const std::string& checkpoint_path);
+
+ private:
+  void release() noexcept;
+  std::uint64_t key_ = 0;  // this process's entry for the lock file (0: none)
+  int owner_ = 0;          // the pid that took it: a forked copy releases nothing
+};
+
 class Checkpoint {
  public:
   enum class Access {
@@ -67,7 +100,8 @@ class Checkpoint {
   };
   // With kReadWrite, throws CheckpointError when `path` is empty, is a
   // directory, or its directory is missing or does not accept a new file (a
-  // probe file is created and removed). Nothing is read yet.
+  // probe file is created and removed), or another process holds its
+  // CheckpointLock (named). Nothing is read yet.
   explicit Checkpoint(std::string path, Access access = Access::kReadWrite);
 
   const std::string& path() const noexcept { return path_; }
@@ -97,6 +131,7 @@ class Checkpoint {
  private:
   std::string path_;
   Access access_;
+  std::shared_ptr<const CheckpointLock> lock_;  // with kReadWrite; shared by copies
 };
 
 }  // namespace gradagg

@@ -116,6 +116,15 @@ class NodeFailed : public Error {
   int node_;
 };
 
+// Across nodes: interruptWaits() (a stop signal) ended a wait on the other
+// nodes. As with NodeFailed, nothing of the step is applied and the aggregator
+// is no longer usable; this node's connections to the others are closed, so
+// they fail with NodeFailed at once instead of at their timeout.
+class Interrupted : public NodeFailed {
+ public:
+  using NodeFailed::NodeFailed;
+};
+
 // A file gradagg writes or reads for the caller (a checkpoint, the population's
 // lineage) could not be: names the file; the operating system's reason is in what().
 class FileError : public Error {

@@ -5,6 +5,7 @@
 #include <gradagg/aggregator.h>
 #include <gradagg/checkpoint.h>
 #include <gradagg/errors.h>
+#include <gradagg/interrupt.h>
 #include <gradagg/message.h>
 #include <gradagg/model.h>
 #include <gradagg/options.h>

@@ -57,6 +57,14 @@ struct NodeOptions {
   // The store's keys are under this prefix; a launcher's restart gets its own
   // ("gradagg/attempt_<TORCHELASTIC_RESTART_COUNT>").
   std::string store_prefix = "gradagg";
+  // The job token (GRADAGG_JOB_TOKEN): a secret every node of the job is given.
+  // With it the nodes prove it to each other (HMAC-SHA256 challenges through
+  // the store) before anything else crosses, and keep every other key under a
+  // name derived from it: a process without it can neither join nor read the
+  // model or the Gloo addresses from the store, and a node with another token
+  // is refused at once. Without it node 0 serving on a non-loopback address
+  // prints a warning (docs/multinode.md, "Security").
+  std::string token;
   // Network interface Gloo binds to (GRADAGG_SOCKET_IFNAME, e.g. "eth0");
   // empty: the address this machine's hostname resolves to.
   std::string interface;

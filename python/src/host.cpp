@@ -17,6 +17,9 @@
 #include "host.h"
 
 #include <Python.h>
+#include <signal.h>
+
+#include <gradagg/interrupt.h>
 
 #include "runtime/host_hooks.h"
 
@@ -35,6 +38,35 @@ void flushStdStreams() {
     if (r == nullptr) PyErr_Clear();
     Py_XDECREF(r);
   }
+}
+
+// SIGINT's handler while this process waits on other nodes: interruptWaits(),
+// then whatever was there before (Python's own, which raises
+// KeyboardInterrupt on the main thread). Armed again as each such wait begins,
+// since signal.signal() puts Python's handler back in its place.
+struct sigaction g_previous_sigint {};
+
+void onSigint(int signal, siginfo_t* info, void* context) {
+  gradagg::interruptWaits();
+  const struct sigaction& p = g_previous_sigint;
+  if (p.sa_flags & SA_SIGINFO) {
+    if (p.sa_sigaction != nullptr) p.sa_sigaction(signal, info, context);
+  } else if (p.sa_handler != SIG_DFL && p.sa_handler != SIG_IGN && p.sa_handler != nullptr) {
+    p.sa_handler(signal);
+  }
+}
+
+void armSigint() {
+  struct sigaction now {};
+  if (::sigaction(SIGINT, nullptr, &now) != 0) return;
+  if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == onSigint) return;  // armed
+  if (!(now.sa_flags & SA_SIGINFO) && (now.sa_handler == SIG_DFL || now.sa_handler == SIG_IGN))
+    return;  // the default ends the process anyway; an ignored one stays ignored
+  g_previous_sigint = now;
+  struct sigaction ours = now;
+  ours.sa_flags = (now.sa_flags | SA_SIGINFO) & ~SA_RESETHAND;
+  ours.sa_sigaction = onSigint;
+  ::sigaction(SIGINT, &ours, nullptr);
 }
 
 }  // namespace
@@ -67,6 +99,7 @@ void installHostHooks() {
     // released the GIL throws error_already_set once it holds it again.
     if (r != 0) throw Interrupted{};
   };
+  hooks.arm_interrupt = armSigint;
   detail::setHostHooks(std::move(hooks));
 }
 

@@ -38,6 +38,11 @@ decltype(auto) withoutGil(F&& f) {
     return f();
   } catch (const Interrupted&) {
     throw py::error_already_set();
+  } catch (const gradagg::Interrupted&) {
+    // Ctrl-C ended a wait on other nodes: Python's handler runs now
+    // (KeyboardInterrupt); a handler that raises nothing leaves NodeFailed.
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    throw;
   }
 }
 

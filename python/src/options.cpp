@@ -141,6 +141,8 @@ const std::tuple kNodeFields{
           "the TCPStore is served by a launcher (torchrun's agent): node 0 connects too"),
     field("store_prefix", &NodeOptions::store_prefix),
     field("interface", &NodeOptions::interface),
+    field("token", &NodeOptions::token,
+          "the job token: the nodes prove it to each other before anything crosses"),
     field("timeout", &NodeOptions::timeout, asSeconds("nodes.")),
     field("checksum_interval", &NodeOptions::checksum_interval),
     field("compression", &NodeOptions::compression, asName(kCompressions, "NodeOptions."),

@@ -26,7 +26,7 @@ namespace gradagg {
 
 namespace {
 
-constexpr const char* kFormat = "gradagg-checkpoint/1";
+constexpr const char* kFormat = detail::kCheckpointFormat;
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw CheckpointError(fmt::format("gradagg: checkpoint {}: {}", path, what), path);
@@ -54,7 +54,10 @@ std::string joinNames(const ModelView& model) {
 
 Checkpoint::Checkpoint(std::string path, Access access)
     : path_(std::move(path)), access_(access) {
-  if (access_ == Access::kReadWrite) detail::checkWritable(path_);
+  if (access_ == Access::kReadWrite) {
+    detail::checkWritable(path_);
+    lock_ = std::make_shared<const CheckpointLock>(path_);
+  }
 }
 
 bool Checkpoint::exists() const {
@@ -118,8 +121,15 @@ Saved readSaved(torch::serialize::InputArchive& archive, const std::string& payl
   try {
     archive.load_from(payload.data(), payload.size());
     c10::IValue v;
-    archive.read("format", v);
-    if (!v.isString() || v.toStringRef() != kFormat)
+    // Population::checkpoint writes "gradagg-population/1"; older ones no format.
+    c10::IValue hp_names;
+    const bool has_format = archive.try_read("format", v);
+    if ((has_format && v.isString() && v.toStringRef() == detail::kPopulationFormat) ||
+        (!has_format && archive.try_read("hp_names", hp_names)))
+      fail(path, fmt::format("is a population checkpoint ({}, Population::checkpoint), not a {} "
+                             "file: give it to PopulationOptions::resume_from",
+                             detail::kPopulationFormat, kFormat));
+    if (!has_format || !v.isString() || v.toStringRef() != kFormat)
       fail(path, fmt::format("is not a {} file", kFormat));
     archive.read("settings", v);
     state.settings = decode(v.toStringRef(), path);

@@ -18,6 +18,11 @@
 
 namespace gradagg::detail {
 
+// The "format" entry of each kind of payload (a torch::serialize archive), so
+// that one kind given where the other is expected is refused by name.
+inline constexpr const char* kCheckpointFormat = "gradagg-checkpoint/1";  // gradagg::Checkpoint
+inline constexpr const char* kPopulationFormat = "gradagg-population/1";  // Population::checkpoint
+
 // Throws CheckpointError when `path` is empty or a directory, or its directory is
 // missing or does not accept a new file (a probe file is created and removed).
 void checkWritable(const std::string& path);

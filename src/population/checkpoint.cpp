@@ -17,6 +17,7 @@ namespace gradagg::detail::pop {
 void saveMembers(const std::string& path, const std::vector<MemberSnapshot>& members,
                const std::vector<std::string>& hp_names) {
   torch::serialize::OutputArchive root;
+  root.write("format", c10::IValue(std::string(kPopulationFormat)));
   root.write("workers", at::tensor(static_cast<std::int64_t>(members.size())));
   root.write("hp_names", c10::IValue(fmt::format("{}", fmt::join(hp_names, ","))));
   for (std::size_t r = 0; r < members.size(); ++r) {
@@ -100,6 +101,18 @@ void loadMembers(const std::string& path, int workers, const std::vector<std::st
   c10::IValue names;
   try {
     root.load_from(payload.data(), payload.size());
+    // Older population checkpoints have no format; a gradagg::Checkpoint has its own.
+    c10::IValue format;
+    if (root.try_read("format", format) &&
+        !(format.isString() && format.toStringRef() == kPopulationFormat))
+      throw CheckpointError(
+          fmt::format("gradagg: checkpoint {}: is not a population checkpoint ({}, "
+                      "Population::checkpoint): it is {}",
+                      path, kPopulationFormat,
+                      format.isString() && format.toStringRef() == kCheckpointFormat
+                          ? fmt::format("a gradagg::Checkpoint ({})", kCheckpointFormat)
+                          : "of another kind"),
+          path);
     root.read("workers", stored);
     root.read("hp_names", names);
     if (!names.isString()) throw c10::Error("hp_names is not a string", "");

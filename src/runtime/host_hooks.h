@@ -17,6 +17,10 @@ struct HostHooks {
   // Throwing interrupts the wait: the workers are stopped, the owner becomes
   // unusable and the exception propagates (e.g. KeyboardInterrupt).
   std::function<void()> check_interrupt;
+  // Parent, as a wait on other nodes begins (topology/): make the host's stop
+  // signal reach gradagg::interruptWaits() too (Python: a SIGINT handler that
+  // calls it and then Python's own), since those waits sit inside gloo.
+  std::function<void()> arm_interrupt;
 };
 
 // Set once, before the first Aggregator or Population; not thread-safe.

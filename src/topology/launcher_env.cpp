@@ -117,6 +117,7 @@ void fromGradagg(NodeOptions& o) {
                          {"GRADAGG_CHECKSUM_INTERVAL", &o.checksum_interval}});
   Environment::text("GRADAGG_STORE_PATH", o.store_path);
   Environment::text("GRADAGG_SOCKET_IFNAME", o.interface);
+  Environment::text("GRADAGG_JOB_TOKEN", o.token);
   long long timeout_ms = o.timeout.count();
   Environment::number("GRADAGG_NODE_TIMEOUT_MS", timeout_ms);
   o.timeout = std::chrono::milliseconds(timeout_ms);

@@ -16,16 +16,22 @@ namespace gradagg::detail {
 
 class NodeGroup {
  public:
-  // Rendezvous with the other node parents (TCPStore or FileStore). Throws
-  // NodeFailed when it does not complete within options.timeout. The store's
-  // operations (exchange) keep what is left of that deadline until
-  // endRendezvous(), so the start-up as a whole honours it.
+  // Rendezvous with the other node parents (TCPStore or FileStore): the
+  // admission (topology/admission.h: this run's nodes, the job token), then
+  // c10d's group and the step's gloo mesh. Throws NodeFailed when it does not
+  // complete within options.timeout (the deadline of the start-up as a whole,
+  // exchange() included, until endRendezvous()), Interrupted on
+  // interruptWaits(), InvalidArgument for another job token or a MASTER_ADDR
+  // that does not resolve.
   explicit NodeGroup(const NodeOptions& options);
+  // A group that gave up on an operation still in flight in c10d's threads
+  // leaves c10d's group to the process's exit instead of waiting for it.
   ~NodeGroup();
   NodeGroup(const NodeGroup&) = delete;
   NodeGroup& operator=(const NodeGroup&) = delete;
 
-  // From here on every store operation gets the full options.timeout again.
+  // The start-up is over: the store is let go (node 0 stops serving it) and
+  // exchange() can no longer be used.
   void endRendezvous();
 
   int rank() const noexcept { return rank_; }
@@ -48,16 +54,21 @@ class NodeGroup {
   std::vector<std::int64_t> allgather(std::int64_t value, const char* what);
 
  private:
-  [[noreturn]] void fail(const char* what, const std::exception& e) const;
+  [[noreturn]] void fail(const char* what, const std::exception& e);
+  // Waits for a c10d operation in slices, so that a timeout or
+  // interruptWaits() ends it whatever c10d's threads do.
+  template <typename W>
+  void await(const W& work);
   // Returns f(); what it throws becomes fail(what, ...). Used in node_group.cpp only.
   template <typename F>
-  auto guarded(const char* what, F&& f) const -> decltype(f());
+  auto guarded(const char* what, F&& f) -> decltype(f());
 
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int rank_ = 0;
   int size_ = 1;
   std::chrono::milliseconds timeout_{0};
+  bool abandoned_ = false;  // an operation of c10d's group was given up in flight
 };
 
 }  // namespace gradagg::detail

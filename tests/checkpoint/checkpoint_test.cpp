@@ -35,11 +35,13 @@ void writeFile(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
-// Names in `dir` other than `keep`: temporary or probe files left behind.
+// Names in `dir` other than `keep` and its lock (held while a Checkpoint of it
+// lives): temporary or probe files left behind.
 std::vector<std::string> strayFiles(const std::string& dir, const std::string& keep) {
   std::vector<std::string> out;
   for (const auto& e : std::filesystem::directory_iterator(dir))
-    if (e.path().filename() != keep) out.push_back(e.path().filename().string());
+    if (e.path().filename() != keep && e.path().filename() != keep + ".lock")
+      out.push_back(e.path().filename().string());
   return out;
 }
 

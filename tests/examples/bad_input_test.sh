@@ -21,17 +21,19 @@ failures=0
 by_signal=0
 
 # expect CODE NAME COMMAND...: the command exits with CODE and says something on
-# stderr (matching $SAYS, an extended regex, when set).
+# stderr (matching $SAYS, an extended regex, when set; in one line with ONE_LINE=1).
 expect() {
   local want=$1 name=$2 pattern=${SAYS:-.}
   shift 2
   runs=$((runs + 1))
   timeout -s KILL 120 "$@" >"$work/out" 2>"$work/err"
   local rc=$?
-  local said
+  local said lines
   said=$(grep -v '^\s*$' "$work/err" | head -1 | cut -c1-160)
+  lines=$(grep -c . "$work/err")
   if [ "$rc" -ge 128 ]; then by_signal=$((by_signal + 1)); fi
-  if [ "$rc" != "$want" ] || [ -z "$said" ] || ! grep -qE "$pattern" "$work/err"; then
+  if [ "$rc" != "$want" ] || [ -z "$said" ] || ! grep -qE "$pattern" "$work/err" ||
+    { [ -n "${ONE_LINE:-}" ] && [ "$lines" != 1 ]; }; then
     failures=$((failures + 1))
     echo "FAIL $name: exit $rc (want $want); stderr: ${said:-(nothing)}"
     tail -5 "$work/out" "$work/err"
@@ -127,6 +129,13 @@ expect 4 "population --lineage unwritable" "$population" "${pop[@]}" --lineage /
 expect 4 "population --checkpoint in a missing directory" "$population" "${pop[@]}" \
   --checkpoint "$work/missing/pop.ckpt"
 expect 4 "population --resume a text file" "$population" "${pop[@]}" --resume "$work/text.ckpt"
+# Each example's checkpoint given to the other: refused by its kind, in one line.
+expect_ok "$population" "${pop[@]}" --checkpoint "$work/pop.ckpt"
+ONE_LINE=1 SAYS="pop.ckpt: is a population checkpoint" expect 4 \
+  "fashion --resume a population checkpoint" "$fashion" "${small[@]}" --resume "$work/pop.ckpt"
+ONE_LINE=1 SAYS="good.ckpt: is not a population checkpoint .*it is a gradagg::Checkpoint" expect 4 \
+  "population --resume a fashion_mnist checkpoint" "$population" "${pop[@]}" \
+  --resume "$work/good.ckpt"
 
 # A member killed, and a member stopped past --step-timeout, while it trains.
 member_fault() {

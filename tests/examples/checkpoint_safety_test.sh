@@ -9,7 +9,10 @@
 #   3. node 1 is killed mid-run while node 0 saves every step: node 0 exits 3,
 #      and both nodes resume from its checkpoint;
 #   4. SIGHUP (then SIGTERM) during a run: exit 129 (143), and the checkpoint
-#      it wrote resumes to the end.
+#      it wrote resumes to the end;
+#   5. a second run on the --checkpoint path of a live one: refused at once
+#      (exit 4, one line naming the first's pid), the first goes on; after the
+#      first is killed with SIGKILL a new run writes that path.
 #
 #   tests/examples/checkpoint_safety_test.sh <fashion_mnist binary> [data dir]
 set -uo pipefail
@@ -95,6 +98,29 @@ for signal in HUP TERM; do
     fail "SIG$signal: its checkpoint does not resume: $(tail -1 "$work/$signal.resume")"
   echo "SIG$signal: exit $rc, $(grep -m1 "resumed from" "$work/$signal.resume")"
 done
+
+# 5: two runs on one --checkpoint path at once.
+"$fashion" "${run[@]}" --epochs 50 --checkpoint "$work/busy.ckpt" >"$work/busy.0" 2>&1 &
+p0=$!
+for _ in $(seq 1 400); do grep -q "^pid " "$work/busy.ckpt.lock" 2>/dev/null && break; sleep 0.05; done
+started=$(date +%s%N)
+"$fashion" "${run[@]}" --epochs 50 --checkpoint "$work/busy.ckpt" >"$work/busy.1" 2>&1
+rc=$?
+ms=$((($(date +%s%N) - started) / 1000000))
+[ "$rc" = 4 ] || fail "a second run on a busy checkpoint: exit $rc (want 4)"
+grep -q "is being written by process $p0 (its lock $work/busy.ckpt.lock)" "$work/busy.1" ||
+  fail "a second run on a busy checkpoint does not name process $p0: $(tail -1 "$work/busy.1")"
+[ "$(grep -c . "$work/busy.1")" = 1 ] || fail "a second run on a busy checkpoint said more than a line"
+[ "$ms" -lt 15000 ] || fail "a second run on a busy checkpoint was refused after $ms ms"
+kill -0 $p0 2>/dev/null || fail "the first run ended: $(tail -1 "$work/busy.0")"
+echo "a second run on a busy checkpoint: exit $rc after $ms ms: $(cut -c1-150 "$work/busy.1")"
+kill -KILL $p0
+wait $p0 2>/dev/null
+"$fashion" "${run[@]}" --epochs 50 --checkpoint "$work/busy.ckpt" --stop-after 1 \
+  >"$work/busy.2" 2>&1
+rc=$?
+[ "$rc" = 0 ] || fail "a run after the holder was killed: exit $rc: $(tail -1 "$work/busy.2")"
+echo "a run after the holder was killed with SIGKILL: exit $rc"
 
 [ "$failures" = 0 ] && echo "all checks passed"
 [ "$failures" = 0 ]

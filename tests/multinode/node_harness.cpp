@@ -27,6 +27,9 @@ Outcome outcomeOf(F&& f, std::string* what) {
   try {
     f();
     return kOk;
+  } catch (const gradagg::Interrupted& e) {
+    *what = e.what();
+    return kInterrupted;
   } catch (const gradagg::NodeFailed& e) {
     *what = e.what();
     return kNodeFailed;
@@ -142,8 +145,9 @@ NodeResult receive(int fd) {
 
 void PrintTo(Outcome outcome, std::ostream* os) {
   static const char* const names[] = {"ok",        "NodeFailed",   "InvalidArgument", "other",
-                                      "NotUsable", "WorkerFailed", "WorkerDied"};
-  *os << (outcome >= 0 && outcome <= kWorkerDied ? names[outcome] : "?");
+                                      "NotUsable", "WorkerFailed", "WorkerDied",
+                                      "Interrupted"};
+  *os << (outcome >= 0 && outcome <= kInterrupted ? names[outcome] : "?");
 }
 
 NodeResult trainNode(const NodeRun& run) {
@@ -156,7 +160,8 @@ NodeResult trainNode(const NodeRun& run) {
   o.nodes.nodes = run.nodes;
   o.nodes.node_rank = run.node;
   o.nodes.store_path = run.master_port > 0 ? "" : run.store;
-  o.nodes.master_addr = "127.0.0.1";
+  o.nodes.master_addr = run.master_addr;
+  o.nodes.token = run.token;
   o.nodes.master_port = run.master_port;
   o.nodes.external_store = run.external_store;
   o.nodes.store_prefix = run.store_prefix;
@@ -174,8 +179,16 @@ NodeResult trainNode(const NodeRun& run) {
   o.weighting = run.weighting;
   NodeResult result;
   std::optional<gradagg::Aggregator> agg;
+  std::vector<std::thread> interrupters;  // each calls interruptWaits() after a while
+  const auto interruptLater = [&] {
+    interrupters.emplace_back([ms = run.interrupt_after_ms] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+      gradagg::interruptWaits();
+    });
+  };
   result.outcome = outcomeOf(
       [&] {
+        if (run.interrupt_after_ms >= 0 && run.interrupt_at_step < 0) interruptLater();
         agg.emplace(
             *model,
             [&](const gradagg::ShardContext& c) {
@@ -222,6 +235,7 @@ NodeResult trainNode(const NodeRun& run) {
           sgd.zero_grad();
           gradagg::Message message;
           if (run.metrics_and_message) message.set("node", run.node);
+          if (run.interrupt_after_ms >= 0 && s == run.interrupt_at_step) interruptLater();
           const gradagg::StepReport& report = agg->step(message);
           result.metrics = report.metrics;
           result.worker0_metrics = report.workers[0].metrics;
@@ -240,7 +254,8 @@ NodeResult trainNode(const NodeRun& run) {
   int sparse = 0;
   for (const auto& p : model->parameters()) sparse += p.grad().defined() && p.grad().is_sparse();
   if (sparse > 0) result.metrics["sparse_grads"] = sparse;
-  if (result.outcome == kNodeFailed && agg) {
+  for (auto& t : interrupters) t.join();
+  if ((result.outcome == kNodeFailed || result.outcome == kInterrupted) && agg) {
     result.usable_after = agg->usable();
     result.children_after = static_cast<int>(childPids().size());
     result.retry = outcomeOf([&] { agg->step(); }, &result.retry_what);

@@ -32,6 +32,12 @@ struct NodeRun {
   bool external_store = false;           // NodeOptions::external_store
   std::string store_prefix = "gradagg";  // NodeOptions::store_prefix
   std::chrono::milliseconds timeout{20000};
+  std::string token;                      // NodeOptions::token
+  std::string master_addr = "127.0.0.1";  // NodeOptions::master_addr
+  // gradagg::interruptWaits() this long after the Aggregator's construction
+  // begins (interrupt_at_step < 0) or after step interrupt_at_step begins.
+  int interrupt_after_ms = -1;
+  int interrupt_at_step = -1;
   // NodeOptions' start-up agreement.
   std::int64_t start_step = 0;
   std::string resume_identity;
@@ -69,7 +75,8 @@ enum Outcome : int {
   kOther = 3,
   kNotUsable = 4,
   kWorkerFailed = 5,
-  kWorkerDied = 6
+  kWorkerDied = 6,
+  kInterrupted = 7
 };
 void PrintTo(Outcome outcome, std::ostream* os);  // for GoogleTest's messages
 

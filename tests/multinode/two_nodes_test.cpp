@@ -175,7 +175,7 @@ TEST_F(MultiNode, NodesMeetInALaunchersStore) {
     (void)!::write(port_pipe[1], &port, sizeof port);
     char done = 0;
     (void)!::read(done_pipe[0], &done, 1);  // until the nodes are done
-    ::_exit(store->check({"gradagg/attempt_0/arrived/1"}) ? 0 : 1);
+    ::_exit(store->check({"gradagg/attempt_0/join/1"}) ? 0 : 1);
   }
   ::close(port_pipe[1]);
   ::close(done_pipe[0]);

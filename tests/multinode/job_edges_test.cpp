@@ -1,0 +1,181 @@
+// The job's edges across nodes: the job token, a store shared with strangers
+// or left by a dead run, interrupts while waiting on peers, deadlines.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+
+#include <fstream>
+#include <thread>
+
+#include "node_harness.h"
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+
+namespace gradagg_test {
+namespace {
+
+using namespace std::chrono_literals;
+
+NodeRun tcpPair(int port, const std::string& token, int steps = 3) {
+  NodeRun run;
+  run.nodes = 2;
+  run.master_port = port;
+  run.token = token;
+  run.steps = steps;
+  run.timeout = 20s;
+  return run;
+}
+
+NodeRun otherNode(NodeRun run, const std::string& token) {
+  run.node = 1;
+  run.token = token;
+  return run;
+}
+
+// A plain TCP connection to loopback:port, or -1.
+int connectTo(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) return fd;
+  ::close(fd);
+  return -1;
+}
+
+TEST_F(MultiNode, NodesWithTheSameTokenTrainAsOneNodeAndStopServingTheStoreAfterTheStartUp) {
+  const int port = freePort();
+  const NodeRun run = tcpPair(port, "correct horse battery staple");
+  const auto results = runNodes({run, otherNode(run, run.token)});
+  ASSERT_EQ(results[0].outcome, kOk) << results[0].what;
+  ASSERT_EQ(results[1].outcome, kOk) << results[1].what;
+  expectClose(results[0].params, trainOneNode(4, run), 1e-12, "node 0 vs one node of 4");
+  const int fd = connectTo(port);  // node 0 has exited; nothing of it listens
+  EXPECT_EQ(fd, -1) << "something still listens on the store's port";
+  if (fd >= 0) ::close(fd);
+}
+
+TEST_F(MultiNode, ANodeWithAnotherTokenIsRefusedAtOnceOnBothSides) {
+  const NodeRun run = tcpPair(freePort(), "token-a");
+  const auto results = runNodes({run, otherNode(run, "token-b")});
+  for (const auto& r : results) {
+    EXPECT_EQ(r.outcome, kInvalidArgument) << r.what;
+    EXPECT_NE(r.what.find("job token"), std::string::npos) << r.what;
+    EXPECT_LT(r.seconds, 10.0) << "refused only at the timeout: " << r.what;
+  }
+  EXPECT_NE(results[0].what.find("node 1 proves a different job token"), std::string::npos)
+      << results[0].what;
+}
+
+TEST_F(MultiNode, ANodeWithoutTheTokenCannotJoin) {
+  const NodeRun run = tcpPair(freePort(), "secret");
+  const auto results = runNodes({run, otherNode(run, "")});
+  EXPECT_EQ(results[0].outcome, kInvalidArgument) << results[0].what;
+  EXPECT_NE(results[0].what.find("node 1 has none"), std::string::npos) << results[0].what;
+  EXPECT_EQ(results[1].outcome, kInvalidArgument) << results[1].what;
+  EXPECT_NE(results[1].what.find("this node has no job token"), std::string::npos)
+      << results[1].what;
+}
+
+TEST_F(MultiNode, AStoreLeftByADeadRunIsNeverTakenForThisRun) {
+  const std::string path = store("stale");
+  // A dead run's store: everything a finished admission and agreement leave
+  // (old-style barrier keys too), then the process is killed with its
+  // FileStore open, so the file stays.
+  const pid_t dead = ::fork();
+  if (dead == 0) {
+    auto s = c10::make_intrusive<c10d::FileStore>(path, 2);
+    const auto put = [&](const std::string& k, const std::string& v) {
+      s->set(k, std::vector<std::uint8_t>(v.begin(), v.end()));
+    };
+    const std::string run = "0123456789abcdef0123456789abcdef";
+    for (int r = 0; r < 2; ++r) put("gradagg/arrived/" + std::to_string(r), "1");
+    put("gradagg/join/1", "feedfeedfeedfeedfeedfeedfeedfeed");
+    put("gradagg/ack/1", run + " feedfeedfeedfeedfeedfeedfeedfeed -");
+    put("gradagg/confirm/1", run + " feedfeedfeedfeedfeedfeedfeedfeed -");
+    put("gradagg/" + run + "/ready", "1");
+    put("gradagg/" + run + "/agreement/1", "must_match[epochs]=1\n");
+    ::raise(SIGKILL);
+  }
+  int status = 0;
+  ::waitpid(dead, &status, 0);
+  ASSERT_TRUE(std::ifstream(path).good()) << "the dead run left no FileStore to test with";
+  NodeRun dead_run;
+  dead_run.nodes = 2;
+  dead_run.store = path;
+  // A lone node of a new run must not pass on the dead run's keys...
+  NodeRun lone = dead_run;
+  lone.must_match = {{"epochs", "50"}};
+  lone.timeout = 2s;
+  for (int rank : {0, 1}) {
+    lone.node = rank;
+    const auto alone = runNodes({lone});
+    EXPECT_EQ(alone[0].outcome, kNodeFailed) << "node " << rank << ": " << alone[0].what;
+    EXPECT_NE(alone[0].what.find("timed out"), std::string::npos) << alone[0].what;
+    EXPECT_EQ(alone[0].what.find("disagree"), std::string::npos) << alone[0].what;
+  }
+  lone.node = 0;
+  // ...and the whole new run trains, whatever the dead one agreed on.
+  NodeRun fresh = lone;
+  fresh.timeout = 20s;
+  NodeRun fresh1 = fresh;
+  fresh1.node = 1;
+  const auto results = runNodes({fresh, fresh1});
+  EXPECT_EQ(results[0].outcome, kOk) << results[0].what;
+  EXPECT_EQ(results[1].outcome, kOk) << results[1].what;
+}
+
+TEST_F(MultiNode, AnInterruptEndsTheWaitAtTheRendezvousWithinAFewTensOfMilliseconds) {
+  NodeRun run;
+  run.nodes = 2;
+  run.store = store("alone");
+  run.timeout = 20s;
+  run.interrupt_after_ms = 300;
+  const auto results = runNodes({run});
+  EXPECT_EQ(results[0].outcome, kInterrupted) << results[0].what;
+  EXPECT_NE(results[0].what.find("interrupted at the rendezvous"), std::string::npos)
+      << results[0].what;
+  EXPECT_LT(results[0].seconds, 0.3 + 0.5) << results[0].what;
+}
+
+TEST_F(MultiNode, AnInterruptEndsTheWaitForASlowPeerAndThePeerFailsAtOnce) {
+  NodeRun run;
+  run.nodes = 2;
+  run.store = store("slow");
+  run.timeout = 20s;
+  run.interrupt_at_step = 0;
+  run.interrupt_after_ms = 300;
+  NodeRun other = run;
+  other.node = 1;
+  other.interrupt_at_step = -1;
+  other.interrupt_after_ms = -1;
+  other.slow_first_layer_ms = 3000;  // node 0 waits for node 1 in the step's collective
+  const auto results = runNodes({run, other});
+  EXPECT_EQ(results[0].outcome, kInterrupted) << results[0].what;
+  EXPECT_FALSE(results[0].usable_after);
+  EXPECT_EQ(results[0].children_after, 0) << "the interrupted node's workers were not stopped";
+  EXPECT_EQ(results[1].outcome, kNodeFailed) << results[1].what;
+  EXPECT_LT(results[1].seconds, 3.0 + 8.0) << "the peer failed only at its timeout";
+}
+
+TEST_F(MultiNode, TheRendezvousEndsAtItsDeadlineAndAnUnresolvableMasterAddrIsNamed) {
+  NodeRun run;
+  run.nodes = 2;
+  run.master_port = freePort();
+  run.timeout = 2s;
+  const auto alone = runNodes({run});
+  EXPECT_EQ(alone[0].outcome, kNodeFailed) << alone[0].what;
+  EXPECT_LT(alone[0].seconds, 2.0 + 0.5) << alone[0].what;
+  run.master_addr = "no-such-host.invalid";
+  const auto unresolved = runNodes({run});
+  EXPECT_EQ(unresolved[0].outcome, kInvalidArgument) << unresolved[0].what;
+  EXPECT_NE(unresolved[0].what.find("does not resolve"), std::string::npos) << unresolved[0].what;
+}
+
+}  // namespace
+}  // namespace gradagg_test
