@@ -23,6 +23,10 @@ struct HostHooks {
   std::function<void()> arm_interrupt;
 };
 
+// Call the hooks of these names, if set.
+void checkHostInterrupt();
+void armHostInterrupt();
+
 // Set once, before the first Aggregator or Population; not thread-safe.
 void setHostHooks(HostHooks hooks);
 const HostHooks& hostHooks() noexcept;

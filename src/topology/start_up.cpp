@@ -1,0 +1,159 @@
+#include "topology/start_up.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include <c10/util/Logging.h>
+#include <fmt/format.h>
+#include <gloo/rendezvous/store.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <gradagg/errors.h>
+
+#include "runtime/host_hooks.h"
+#include "runtime/interrupt.h"
+#include "topology/admission.h"
+
+namespace gradagg::detail {
+
+namespace {
+// gloo's rendezvous over a c10d store.
+class GlooStore final : public ::gloo::rendezvous::Store {
+ public:
+  explicit GlooStore(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(key, std::vector<std::uint8_t>(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    const auto bytes = store_->get(key);
+    return std::vector<char>(bytes.begin(), bytes.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { store_->wait(keys); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    store_->wait(keys, timeout);
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+// The store: a FileStore at o.store_path, or a client of the TCPStore that
+// node 0 serves (StoreServer) or a launcher does.
+c10::intrusive_ptr<c10d::Store> openStore(const NodeOptions& o, const Deadline& deadline) {
+  if (!o.store_path.empty()) {
+    auto store = c10::make_intrusive<c10d::FileStore>(o.store_path, o.nodes);
+    store->setTimeout(deadline.left());
+    // c10d creates the file at the first write; a read before it (the
+    // admission's first look) would wait for the file for the whole timeout.
+    store->add(o.store_prefix + "/opened", 1);
+    return store;
+  }
+  c10d::TCPStoreOptions t;
+  t.port = static_cast<std::uint16_t>(o.master_port);
+  t.isServer = false;
+  t.numWorkers = o.nodes;
+  t.waitWorkers = false;
+  // c10d retries the connection itself, a line in its log each time: ask
+  // for short attempts, quietly, and retry here within the deadline.
+  const int level = FLAGS_caffe2_log_level;
+  FLAGS_caffe2_log_level = 3;  // fatal only: each refused attempt is an "error" there
+  for (;;) {
+    t.timeout = std::min(deadline.left(), std::chrono::milliseconds(1000));
+    try {
+      auto store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, t);
+      FLAGS_caffe2_log_level = level;
+      store->setTimeout(deadline.left());
+      return store;
+    } catch (const std::exception&) {
+      if (interruptRequested() || deadline.left() < std::chrono::milliseconds(50)) {
+        FLAGS_caffe2_log_level = level;
+        throw;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+}
+
+
+
+// c10d's group (the start-up exchanges, the checksums) and the step's own gloo
+// context, both over `store`, each with what is left of the deadline.
+Groups connectGroups(const NodeOptions& o, const c10::intrusive_ptr<c10d::Store>& store,
+                     const Deadline& deadline) {
+  Groups g;
+  const Sockets before = Sockets::now();
+  auto options = c10d::ProcessGroupGloo::Options::create(deadline.left());
+  options->devices.push_back(o.interface.empty()
+                                 ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                 : c10d::ProcessGroupGloo::createDeviceForInterface(o.interface));
+  options->threads = 2;
+  g.group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.node_rank, o.nodes, options);
+  GlooStore step_store(c10::make_intrusive<c10d::PrefixStore>("step", store));
+  g.context = std::make_shared<::gloo::rendezvous::Context>(o.node_rank, o.nodes);
+  g.context->setTimeout(deadline.left());
+  g.context->connectFullMesh(step_store, options->devices.front());
+  g.context->setTimeout(o.timeout);
+  g.sockets = Sockets::since(before, Sockets::now());
+  return g;
+}
+}  // namespace
+
+bool isLoopback(const std::string& addr) {
+  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
+}
+
+void requireResolvable(const NodeOptions& o) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int r = ::getaddrinfo(o.master_addr.c_str(), nullptr, &hints, &found);
+  if (found != nullptr) ::freeaddrinfo(found);
+  if (r != 0)
+    throw InvalidArgument(fmt::format(
+        "gradagg: node {} of {}: NodeOptions::master_addr (MASTER_ADDR) '{}' does not resolve: {}",
+        o.node_rank, o.nodes, o.master_addr, ::gai_strerror(r)));
+}
+
+Started startWithin(const NodeOptions& o, const Deadline& deadline,
+                    const std::function<void()>& waiting,
+                    c10::intrusive_ptr<RendezvousStore>& base) {
+  auto shared_base = std::make_shared<c10::intrusive_ptr<RendezvousStore>>();
+  auto base_mutex = std::make_shared<std::mutex>();
+  auto task = std::make_shared<std::packaged_task<Started()>>([=] {
+    Started s;
+    s.base = c10::make_intrusive<RendezvousStore>(openStore(o, deadline), deadline);
+    {
+      std::lock_guard<std::mutex> lock(*base_mutex);
+      *shared_base = s.base;
+    }
+    const std::string prefix = admit(*s.base, o, deadline, waiting);
+    s.store = c10::make_intrusive<c10d::PrefixStore>(o.store_prefix + "/" + prefix, s.base);
+    s.groups = connectGroups(o, s.store, deadline);
+    return s;
+  });
+  std::future<Started> done = task->get_future();
+  std::thread thread([task] { (*task)(); });
+  try {
+    while (done.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
+      checkHostInterrupt();
+      throwIfStopped(deadline, "the other nodes");
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(*base_mutex);
+    base = *shared_base;
+    thread.detach();
+    throw;
+  }
+  thread.join();  // gone before any fork
+  return done.get();
+}
+
+}  // namespace gradagg::detail
