@@ -15,6 +15,7 @@
 #include <gradagg/aggregator.h>
 #include <gradagg/errors.h>
 
+#include "runtime/interrupt.h"
 #include "durable.h"
 #include "errors.h"
 #include "host.h"
@@ -155,6 +156,10 @@ class PyAggregator {
   PyAggregator(const py::object& model, py::object shard, Options options) {
     ModelView view = viewOfPython(model);
     ShardFn fn = shardOfPython(std::move(shard));
+    // A Ctrl-C that ended an earlier aggregator's wait is not this one's: the
+    // Python program went on (it caught KeyboardInterrupt), and the new
+    // aggregator's waits see its own signals.
+    detail::clearInterrupt();
     agg_ = withoutGil([&] {
       return std::make_unique<Aggregator>(std::move(view), std::move(fn), std::move(options));
     });

@@ -41,7 +41,6 @@ std::string message(const std::exception& e) {
 
 NodeGroup::NodeGroup(const NodeOptions& o)
     : impl_(std::make_unique<Impl>()), rank_(o.node_rank), size_(o.nodes), timeout_(o.timeout) {
-  clearInterrupt();
   armHostInterrupt();
   const bool tcp = o.store_path.empty();
   if (tcp) requireResolvable(o);

@@ -68,7 +68,7 @@ else
   assert_node_failed 0
   assert_node_failed 1
   # A failed rendezvous is not the link's slowness (the nodes start together).
-  ! grep -q 'rendezvous' "$LOG_DIR/node0.log" "$LOG_DIR/node1.log" ||
+  ! grep -q 'rendezvous through' "$LOG_DIR/node0.log" "$LOG_DIR/node1.log" ||
     fail "the rendezvous failed, not a collective: too short a node timeout to start?"
 fi
 echo "OUTCOME: $outcome"
