@@ -136,7 +136,12 @@ void NodeGroup::await(const W& work) {
       work->wait(std::chrono::milliseconds(20));
       return;
     } catch (...) {
-      if (work->isCompleted()) throw;  // its own failure, not the slice's end
+      // c10d 1.13 throws "Operation timed out!" at a slice's end; work that
+      // completed since then is waited for again: its own result, or its failure.
+      if (work->isCompleted()) {
+        work->wait();
+        return;
+      }
     }
     try {
       checkHostInterrupt();

@@ -94,13 +94,29 @@ has_exited() {
   [ -z "$state" ] || [[ "$state" == Z* ]]
 }
 
+# dump_stacks K: every thread's stack of every process in machine K (gdb, when
+# there is one), into $LOG_DIR/stacks-nodeK.txt and the test's output.
+dump_stacks() {
+  command -v gdb >/dev/null || return 0
+  local pid out="$LOG_DIR/stacks-node$1.txt"
+  for pid in $(ip netns pids "$(cluster_ns "$1")"); do
+    echo "=== pid $pid: $(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null)"
+    timeout 30 gdb -p "$pid" -batch -ex "thread apply all bt 30" 2>/dev/null | grep -E '^(Thread|#)' || true
+  done > "$out"
+  echo "----- stacks of node $1's processes ($out)"
+  cat "$out"
+}
+
 # wait_exit K DEADLINE_MS: waits until node K ends or the clock passes
 # DEADLINE_MS (from now_ms); sets EXIT_MS[K] and RC[K]. Fails the test on a hang.
 declare -a EXIT_MS=() RC=()
 wait_exit() {
   local k=$1 deadline=$2
   while ! has_exited "${NODE_PID[$k]}"; do
-    [ "$(now_ms)" -lt "$deadline" ] || fail "node $k still running at its deadline: it hangs"
+    if [ "$(now_ms)" -ge "$deadline" ]; then
+      dump_stacks "$k"
+      fail "node $k still running at its deadline: it hangs"
+    fi
     sleep 0.05
   done
   EXIT_MS[$k]=$(now_ms)
