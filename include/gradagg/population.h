@@ -20,6 +20,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <gradagg/errors.h>
+#include <gradagg/model.h>
 
 namespace torch::nn {
 class Module;
@@ -181,6 +182,11 @@ class Population {
   // Maps the segment, forks options.workers members (each a copy of `model`)
   // and waits until each published its first snapshot. The model must outlive it.
   Population(torch::nn::Module& model, PopulationFns fns, PopulationOptions options = {});
+  // The same for any ModelView (a Python model, gradagg's Python binding): each
+  // member's replica is its copy of the view's tensors. make_optimizer and
+  // init_weights then receive an empty module; they reach the model through
+  // what they captured (in the member, that is the member's copy).
+  Population(ModelView model, PopulationFns fns, PopulationOptions options = {});
   ~Population();
   Population(const Population&) = delete;
   Population& operator=(const Population&) = delete;

@@ -30,12 +30,16 @@ from gradagg._core import (NodeOptions, Options, ShardContext, StepReport,  # no
 from gradagg.errors import CheckpointError, FileError  # noqa: F401
 from gradagg.checkpoint import Checkpoint, TrainingState  # noqa: F401
 from gradagg import data  # noqa: F401  (gradagg.data.ShardedBatches)
+from gradagg.population import (CopyEvent, DecisionRng, MemberContext,  # noqa: F401
+                                MemberSnapshot, Policy, PolicyInput, Population)
 
 __all__ = [
     "Aggregator", "Options", "NodeOptions", "ShardContext", "StepReport", "WorkerReport",
     "Error", "InvalidArgument", "NotUsable", "InternalError", "WorkerError", "WorkerFailed",
     "NonFiniteGradient", "WorkerDied", "StepTimeout", "NodeFailed",
     "Checkpoint", "TrainingState", "FileError", "CheckpointError", "data",
+    "Population", "Policy", "PolicyInput", "DecisionRng", "MemberContext", "CopyEvent",
+    "MemberSnapshot",
 ]
 
 

@@ -27,11 +27,6 @@ std::string typeName(py::handle obj) {
   return py::str(py::type::of(obj).attr("__name__"));
 }
 
-namespace {
-
-// "ValueError: bad shard\nTraceback (most recent call last):\n ..." within the
-// worker's message room: the exception line first, then as much of the end of
-// the traceback as fits.
 std::string describePythonError(py::error_already_set& e) {
   static constexpr std::size_t kRoom = 1000;
   std::string head = e.what();
@@ -53,6 +48,7 @@ std::string describePythonError(py::error_already_set& e) {
   return head + "\n...\n" + trace.substr(from);
 }
 
+namespace {
 
 // {"correct": 12, "tokens": 3.5}: str -> int or float.
 std::map<std::string, double> metricsOf(py::handle obj) {

@@ -14,6 +14,10 @@ namespace gradagg::python {
 // The name of obj's type ("float", "Tensor").
 std::string typeName(pybind11::handle obj);
 
+// "ValueError: ...\nTraceback ..." of a Python exception, within a worker's
+// message room (the exception's line, then the end of the traceback).
+std::string describePythonError(pybind11::error_already_set& e);
+
 // fn(ctx) in a worker, the GIL held; InvalidArgument unless fn is callable.
 ShardFn shardOfPython(pybind11::object fn);
 

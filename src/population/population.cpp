@@ -62,6 +62,7 @@ using namespace detail;
 using namespace detail::pop;
 
 struct Population::Impl {
+  torch::nn::Module placeholder;  // what make_optimizer gets for a ModelView
   torch::nn::Module* model;
   PopulationFns fns;
   PopulationOptions options;
@@ -81,15 +82,14 @@ struct Population::Impl {
   PopHeader& header() const { return *reinterpret_cast<PopHeader*>(segment.base()); }
   MemberArea area(int r) const { return memberArea(segment.base(), layout, r); }
 
-  Impl(torch::nn::Module& m, PopulationFns f, PopulationOptions o)
-      : model(&m), fns(std::move(f)), options(std::move(o)) {
+  Impl(torch::nn::Module* m, const ModelView& view, PopulationFns f, PopulationOptions o)
+      : model(m != nullptr ? m : &placeholder), fns(std::move(f)), options(std::move(o)) {
     options.validate();
     if (!fns.make_optimizer || !fns.hyperparams || !fns.train_step || !fns.score)
       throw InvalidArgument(
           "PopulationFns: make_optimizer, hyperparams, train_step and score "
           "are required");
-    binding =
-        std::make_unique<ModelBinding>(viewOf(m));  // lists tensors; never adopt(): weights stay private
+    binding = std::make_unique<ModelBinding>(view);  // lists tensors; never adopt(): weights stay private
     drawHyperparams();
     mapSegment();
     if (!options.lineage_path.empty()) openLineage();
@@ -290,7 +290,9 @@ struct Population::Impl {
 };
 
 Population::Population(torch::nn::Module& model, PopulationFns fns, PopulationOptions options)
-    : impl_(std::make_unique<Impl>(model, std::move(fns), std::move(options))) {}
+    : impl_(std::make_unique<Impl>(&model, viewOf(model), std::move(fns), std::move(options))) {}
+Population::Population(ModelView model, PopulationFns fns, PopulationOptions options)
+    : impl_(std::make_unique<Impl>(nullptr, model, std::move(fns), std::move(options))) {}
 Population::~Population() = default;
 std::vector<CopyEvent> Population::generation() { return impl_->generation_(); }
 MemberSnapshot Population::snapshot(int rank) const { return impl_->snapshot(rank); }
