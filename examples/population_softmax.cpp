@@ -8,6 +8,7 @@
 //   population_softmax --checkpoint pop.ckpt      # Ctrl-C, then:
 //   population_softmax --resume pop.ckpt --checkpoint pop.ckpt
 // Errors end it with one line and an exit code (exit_status.h).
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -146,8 +147,13 @@ int run(int argc, char** argv) {
     population.checkpoint(checkpoint->path());
   };
   std::int64_t saved_at = population.snapshot(0).step;
+  const std::int64_t first_step = saved_at;
+  // Members' throughput: the generations' wall time alone (no data loading, saving or testing).
+  std::chrono::steady_clock::duration training{};
   for (std::int64_t done = population.snapshot(0).step; done < steps; done += interval) {
+    const auto started = std::chrono::steady_clock::now();
     copies += population.generation().size();
+    training += std::chrono::steady_clock::now() - started;
     if (checkpoint && checkpoint_every > 0 && done + interval - saved_at >= checkpoint_every &&
         done + interval < steps) {
       save();
@@ -161,6 +167,10 @@ int run(int argc, char** argv) {
     }
   }
   if (checkpoint) save();
+  const double seconds = std::chrono::duration<double>(training).count();
+  const std::int64_t trained = population.snapshot(0).step - first_step;
+  std::fprintf(stderr, "trained %ld steps per member in %.2f s of generations: %.1f steps/s per member\n",
+               static_cast<long>(trained), seconds, seconds > 0 ? trained / seconds : 0.0);
 
   // Score every member's final snapshot on the test set, here in the parent.
   double best = 0, mean = 0;

@@ -248,9 +248,13 @@ def run():
             stop.hold(lambda: population.checkpoint(checkpoint.path))
 
         # A resumed population goes on from its members' step.
-        saved_at = done = population.snapshot(0).step
+        saved_at = done = first_step = population.snapshot(0).step
+        # Members' throughput: the generations' wall time alone (no data loading, saving or testing).
+        training = 0.0
         while done < steps:
+            started = time.perf_counter()
             copies += len(population.generation())
+            training += time.perf_counter() - started
             if (checkpoint is not None and args.checkpoint_every > 0
                     and done + interval - saved_at >= args.checkpoint_every
                     and done + interval < steps):
@@ -265,6 +269,9 @@ def run():
             done += interval
         if checkpoint is not None:
             save()
+        trained = population.snapshot(0).step - first_step
+        print("trained %d steps per member in %.2f s of generations: %.1f steps/s per member"
+              % (trained, training, trained / training if training > 0 else 0.0), file=sys.stderr)
 
         # Score every member's final snapshot on the test set, here in the parent.
         best, mean, best_rank = 0.0, 0.0, 0
