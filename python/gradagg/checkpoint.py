@@ -21,7 +21,7 @@ import random
 
 import torch
 
-from gradagg._core import _check_writable, _read_verified, _write_durably
+from gradagg._core import _check_writable, _CheckpointLock, _read_verified, _write_durably
 from gradagg.errors import CheckpointError, InvalidArgument
 
 _FORMAT = "gradagg Python checkpoint v1"
@@ -67,7 +67,10 @@ class Checkpoint:
 
     Unless ``read_only``, the constructor checks that the file can be written (its
     directory exists and accepts a new file), so a bad path fails when the run
-    starts, not at its first save; with ``read_only=True`` only ``load()``,
+    starts, not at its first save, and takes the path's lock ``<path>.lock`` for
+    as long as the object lives: another live process writing the same path is a
+    :class:`CheckpointError` naming it (two objects of one path in one process
+    share the lock; a forked child holds none); with ``read_only=True`` only ``load()``,
     ``exists()`` and ``identity()`` are allowed.
     """
 
@@ -78,8 +81,11 @@ class Checkpoint:
             raise InvalidArgument(
                 f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
         self._read_only = bool(read_only)
+        self._lock = None
         if not self._read_only:
             _check_writable(self._path)
+            # Two runs never write one path: the other live one is named (C++ CheckpointLock).
+            self._lock = _CheckpointLock(self._path)
 
     @property
     def path(self):

@@ -8,6 +8,8 @@
 #include <string>
 #include <utility>
 
+#include <gradagg/checkpoint.h>
+
 #include "checkpoint/durable_file.h"
 
 namespace py = pybind11;
@@ -49,6 +51,18 @@ void bindDurable(py::module_& m) {
       "path"_a,
       "(payload, crc): the content of path after its header, length and CRC-64 were checked; "
       "CheckpointError otherwise.");
+  // The C++ CheckpointLock itself: one flock per path and process, released
+  // when the object goes (or the process ends); a fork()ed copy holds nothing.
+  py::class_<CheckpointLock>(m, "_CheckpointLock",
+                             "The advisory lock <path>.lock of a checkpoint path (C++ "
+                             "CheckpointLock): CheckpointError naming the other process "
+                             "while a live one holds it.")
+      .def(py::init([](const std::string& path) {
+             py::gil_scoped_release nogil;
+             return std::make_unique<CheckpointLock>(path);
+           }),
+           "checkpoint_path"_a)
+      .def_static("lock_path_of", &CheckpointLock::lockPathOf, "checkpoint_path"_a);
 }
 
 }  // namespace gradagg::python

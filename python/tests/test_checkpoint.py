@@ -122,7 +122,8 @@ def test_the_file_is_the_cpp_envelope_and_identity_is_its_crc_and_length(tmp_pat
     assert raw[:16] == MAGIC and length == len(raw) - 32
     assert crc == crc64_xz(raw[32:])
     assert ckpt.exists() and ckpt.identity() == f"{crc:016x}-{length:x}"
-    assert os.listdir(tmp_path) == ["run.ckpt"]  # no probe, no temporary file
+    # No probe, no temporary file; the lock is there while ckpt lives.
+    assert sorted(os.listdir(tmp_path)) == ["run.ckpt", "run.ckpt.lock"]
 
 
 def test_a_read_only_checkpoint_loads_but_does_not_save(tmp_path):
@@ -304,6 +305,40 @@ def test_a_bad_path_fails_at_construction_naming_it(tmp_path):
     assert issubclass(CheckpointError, gradagg.Error)
 
 
+# Runs in a child: holds a writable Checkpoint of argv[1] until its stdin closes.
+HOLDER = """
+import sys
+from gradagg import Checkpoint
+c = Checkpoint(sys.argv[1])
+print("holding", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_path_another_live_process_writes_is_refused_naming_it(tmp_path):
+    path = tmp_path / "run.ckpt"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              env=dict(os.environ, PYTHONPATH=PYTHONPATH))
+    try:
+        assert holder.stdout.readline() == "holding\n"
+        with pytest.raises(CheckpointError) as e:
+            Checkpoint(path)
+        assert str(path) in str(e.value) and f"process {holder.pid}" in str(e.value)
+        # Reading is not writing: a read-only Checkpoint of it is allowed.
+        assert not Checkpoint(path, read_only=True).exists()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    # The holder is gone: its lock with it (removed, since it exited cleanly).
+    assert holder.returncode == 0
+    mine = Checkpoint(path)
+    again = Checkpoint(path)  # one process: the two share the lock
+    assert os.path.exists(str(path) + ".lock")
+    del mine, again
+    assert not os.path.exists(str(path) + ".lock")
+
+
 # Runs in a child: a checkpoint is saved, then saving again fails for want of room
 # (a file-size limit, or a tmpfs that holds one and a half checkpoints).
 FULL_DISK = """
@@ -330,7 +365,8 @@ if ckpt.identity() != good:
     sys.exit("the previous checkpoint changed")
 if ckpt.load(model, opt).step != 1:
     sys.exit("the previous step is lost")
-left = sorted(f for f in os.listdir(os.path.dirname(path)) if f != os.path.basename(path))
+left = sorted(f for f in os.listdir(os.path.dirname(path))
+              if f not in (os.path.basename(path), os.path.basename(path) + ".lock"))
 if left:
     sys.exit(f"left behind: {left}")
 print("ok")
