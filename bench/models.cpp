@@ -3,6 +3,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <torch/nn/functional/loss.h>
+
 namespace gradagg::bench {
 
 namespace {
@@ -19,7 +21,9 @@ std::int64_t parseWidth(const std::string& token, const std::string& width) {
   }
   if (used != width.size() || v <= 0)
     throw std::invalid_argument(
-        "'" + token + "': expected all, 807, 55k, 670k, 5.8m or a layer list like 784-64-64-10");
+        "'" + token +
+        "': expected all, real, 807, 55k, 670k, 5.8m, cnn, transformer, lstm or a layer list "
+        "like 784-64-64-10");
   return v;
 }
 
@@ -38,6 +42,10 @@ ModelSpec parseModel(const std::string& token) {
   if (token == "55k") return {"784-64-64-10", {784, 64, 64, 10}, 256};
   if (token == "670k") return {"784-512-512-10", {784, 512, 512, 10}, 256};
   if (token == "5.8m") return {"784-2048-2048-10", {784, 2048, 2048, 10}, 256};
+  // Batches at which one process takes 10-200 ms a step on the development machine.
+  if (token == "cnn") return {"cnn", {}, 64, Kind::kCnn};
+  if (token == "transformer") return {"transformer", {}, 8, Kind::kTransformer};
+  if (token == "lstm") return {"lstm", {}, 16, Kind::kLstm};
   ModelSpec spec{token, {}, 256};
   for (const std::string& width : split(token, '-'))
     spec.layers.push_back(parseWidth(token, width));
@@ -53,6 +61,8 @@ std::vector<ModelSpec> parseModels(const std::string& list) {
   for (const std::string& token : split(list, ',')) {
     if (token == "all") {
       for (const char* name : {"807", "55k", "670k", "5.8m"}) specs.push_back(parseModel(name));
+    } else if (token == "real") {
+      for (const char* name : {"cnn", "transformer", "lstm"}) specs.push_back(parseModel(name));
     } else {
       specs.push_back(parseModel(token));
     }
@@ -61,46 +71,51 @@ std::vector<ModelSpec> parseModels(const std::string& list) {
 }
 
 std::int64_t paramCount(const ModelSpec& spec) {
+  if (spec.kind != Kind::kMlp) {
+    std::int64_t n = 0;
+    for (const auto& p : makeModel(spec)->parameters()) n += p.numel();
+    return n;
+  }
   std::int64_t n = 0;
   for (std::size_t i = 0; i + 1 < spec.layers.size(); ++i)
     n += spec.layers[i] * spec.layers[i + 1] + spec.layers[i + 1];
   return n;
 }
 
-MlpImpl::MlpImpl(const std::vector<std::int64_t>& layers) {
-  for (std::size_t i = 0; i + 1 < layers.size(); ++i)
-    fc.push_back(
-        register_module("fc" + std::to_string(i), torch::nn::Linear(layers[i], layers[i + 1])));
-}
-
-torch::Tensor MlpImpl::forward(torch::Tensor x) {
-  for (std::size_t i = 0; i < fc.size(); ++i) {
-    x = fc[i]->forward(x);
-    if (i + 1 < fc.size()) x = torch::relu(x);
-  }
-  return x;
-}
-
-Mlp makeModel(const ModelSpec& spec) {
+Net makeModel(const ModelSpec& spec) {
   torch::manual_seed(kSeed);
-  return Mlp(spec.layers);
+  switch (spec.kind) {
+    case Kind::kCnn: return std::make_shared<CnnImpl>();
+    case Kind::kTransformer: return std::make_shared<TransformerImpl>();
+    case Kind::kLstm: return std::make_shared<LstmImpl>();
+    case Kind::kMlp: break;
+  }
+  return std::make_shared<MlpImpl>(spec.layers);
 }
 
 Data makeData(const ModelSpec& spec) {
   torch::manual_seed(kSeed + 1);
-  return {torch::randn({spec.batch, spec.layers.front()}),
-          torch::randint(0, spec.layers.back(), {spec.batch}, torch::kLong)};
+  const std::int64_t B = spec.batch;
+  const std::int64_t classes = spec.kind == Kind::kMlp ? spec.layers.back() : kClasses;
+  torch::Tensor x;
+  switch (spec.kind) {
+    case Kind::kCnn: x = torch::randn({B, 1, 28, 28}); break;
+    case Kind::kTransformer: x = torch::randint(0, kVocabulary, {B, kSequence}, torch::kLong); break;
+    case Kind::kLstm: x = torch::randn({B, kSequence, kFeatures}); break;
+    case Kind::kMlp: x = torch::randn({B, spec.layers.front()}); break;
+  }
+  return {x, torch::randint(0, classes, {B}, torch::kLong)};
 }
 
 Shard shardOf(std::int64_t batch, int rank, int n) {
   return {batch * rank / n, batch * (rank + 1) / n};
 }
 
-torch::Tensor loss(Mlp& model, const torch::Tensor& x, const torch::Tensor& y) {
+torch::Tensor loss(Net& model, const torch::Tensor& x, const torch::Tensor& y) {
   return torch::cross_entropy_loss(model->forward(x), y);
 }
 
-torch::Tensor flatGrad(Mlp& model) {
+torch::Tensor flatGrad(Net& model) {
   std::vector<torch::Tensor> parts;
   for (const auto& p : model->parameters()) parts.push_back(p.grad().detach().flatten());
   return torch::cat(parts).clone();

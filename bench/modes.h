@@ -53,7 +53,7 @@ Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg);
 // (on data of its own, half the global batch; `data` is not used).
 Row runShmOneNode(const ModelSpec& spec, const Data& data, const Config& cfg);
 // The shard function of the gradagg modes, over `model` and `data` (both outlive it).
-gradagg::ShardFn shmShard(Mlp& model, const Data& data, const ModelSpec& spec);
+gradagg::ShardFn shmShard(Net& model, const Data& data, const ModelSpec& spec);
 
 // modes_nodes.cpp: two forked nodes of gradagg joined through c10d Gloo.
 Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg);

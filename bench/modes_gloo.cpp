@@ -76,7 +76,7 @@ GlooRecord::GlooRecord(const GlooTraining& run, std::int64_t params) {
 
 // The gradients as views of one flat buffer (DDP's gradient_as_bucket_view):
 // backward accumulates into it, the allreduce works on it in place.
-torch::Tensor bindFlatGrad(Mlp& model, std::int64_t params) {
+torch::Tensor bindFlatGrad(Net& model, std::int64_t params) {
   torch::Tensor flat = torch::zeros({params});
   std::int64_t offset = 0;
   for (auto& p : model->parameters()) {
@@ -87,7 +87,7 @@ torch::Tensor bindFlatGrad(Mlp& model, std::int64_t params) {
 }
 
 // Peer `rank`'s steps, in the forked child.
-void trainPeer(const GlooTraining& run, Mlp& model, int rank, GlooPeer& peer, GlooRecord& out) {
+void trainPeer(const GlooTraining& run, Net& model, int rank, GlooPeer& peer, GlooRecord& out) {
   using Ms = std::chrono::duration<double, std::milli>;
   const std::int64_t P = paramCount(run.spec);
   const int total_steps = run.totalSteps();
@@ -113,7 +113,7 @@ void trainPeer(const GlooTraining& run, Mlp& model, int rank, GlooPeer& peer, Gl
 }
 
 void trainGloo(const GlooTraining& run, const Config& cfg, GlooRecord& out) {
-  Mlp model = makeModel(run.spec);
+  Net model = makeModel(run.spec);
   runGlooGroup(cfg.placement, run.n, peerThreads(cfg),
                [&](int rank, GlooPeer& peer) { trainPeer(run, model, rank, peer, out); });
 }

@@ -71,7 +71,7 @@ void ShmSamples::fill(Row& row) const {
 
 Row runSingle(const ModelSpec& spec, const Data& data, const Config& cfg) {
   at::set_num_threads(cfg.threads);
-  Mlp model = makeModel(spec);
+  Net model = makeModel(spec);
   torch::optim::SGD opt(model->parameters(), kLearningRate);
   std::vector<double> total, compute;
   for (int s = 0; s < cfg.warmup + cfg.steps; ++s) {
@@ -93,7 +93,7 @@ Row runSingle(const ModelSpec& spec, const Data& data, const Config& cfg) {
 
 // Global worker g of G takes its share of the batch (on one node the global
 // rank is the rank); accumulating, its micro-batch i of k is the i-th k-th of that share.
-gradagg::ShardFn shmShard(Mlp& model, const Data& data, const ModelSpec& spec) {
+gradagg::ShardFn shmShard(Net& model, const Data& data, const ModelSpec& spec) {
   return [&model, &data, &spec](const gradagg::ShardContext& ctx) {
     const Shard sh = shardOf(spec.batch, ctx.global_rank, ctx.global_workers);
     const std::int64_t len = sh.end - sh.begin;
@@ -105,7 +105,7 @@ gradagg::ShardFn shmShard(Mlp& model, const Data& data, const ModelSpec& spec) {
 }
 
 Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
-  Mlp model = makeModel(spec);
+  Net model = makeModel(spec);
   torch::optim::SGD opt(model->parameters(), kLearningRate);
   gradagg::Options options;
   options.workers = cfg.workers;

@@ -54,7 +54,7 @@ gradagg::Options nodeOptions(const NodeRun& run, int node, const std::string& st
 void trainNode(const NodeRun& run, int node, const std::string& store_path, NodeTimes* times) {
   const ClusterMachine machine = enterMachine(run.cfg.placement, node);
   pinTo(run.cfg.placement, node, 2);
-  Mlp model = makeModel(run.spec);
+  Net model = makeModel(run.spec);
   torch::optim::SGD opt(model->parameters(), kLearningRate);
   gradagg::Aggregator agg(*model, shmShard(model, run.data, run.spec),
                           nodeOptions(run, node, store_path, machine.interface));

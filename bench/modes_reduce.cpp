@@ -119,7 +119,7 @@ Row runReduceOnly(const ModelSpec& spec, const Data&, const Config& cfg) {
 Row runCheck(const ModelSpec& spec, const Data& data, const Config& cfg) {
   torch::Tensor shm_grad;
   {
-    Mlp model = makeModel(spec);
+    Net model = makeModel(spec);
     gradagg::Options options;
     options.workers = cfg.workers;
     // Gloo peers divide by N (DDP): with unequal shards compare like with like.
@@ -132,7 +132,7 @@ Row runCheck(const ModelSpec& spec, const Data& data, const Config& cfg) {
   torch::Tensor single_grad;
   {
     at::set_num_threads(cfg.threads);
-    Mlp model = makeModel(spec);
+    Net model = makeModel(spec);
     loss(model, data.x, data.y).backward();
     single_grad = flatGrad(model);
   }
