@@ -100,7 +100,7 @@ int run(int argc, char** argv) {
           CLI::ignore_case));
   app.add_option("--seed", config.seed, "initial weights and data order")->capture_default_str();
   app.add_option("--hidden", config.hidden, "hidden units")
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 65536))
       ->capture_default_str();
   app.add_option("--limit", config.limit, "use the first N training samples (0: all)")
       ->check(CLI::NonNegativeNumber);

@@ -185,6 +185,7 @@ LabelledImages readLabelledImages(const std::string& images_path, const std::str
   if (set.labels.dims.size() != 1) {
     fail(labels_path, "expected labels (1 dimension), got " + dimsText(set.labels.dims));
   }
+  if (set.images.items() == 0) fail(images_path, "holds no images");
   if (set.images.items() != set.labels.items()) {
     fail(labels_path, std::to_string(set.labels.items()) + " labels for " +
                           std::to_string(set.images.items()) + " images in " + images_path);

@@ -73,6 +73,8 @@ def read_idx(path, magic, dims):
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * dims)
     if data.size != int(np.prod(shape)):
         raise BadData(f"idx: {path}: truncated")
+    if dims == 3 and shape[0] == 0:
+        raise BadData(f"{path}: holds no images")
     return torch.from_numpy(data.copy()).reshape(shape)
 
 

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <exception>
 #include <filesystem>
 #include <utility>
 
@@ -195,7 +196,15 @@ std::string readVerified(const std::string& path, std::uint64_t* crc_out) {
     fail(path, fmt::format("is truncated or corrupt: the header says {} bytes of content, the "
                            "file has {}",
                            length, size - kHeaderBytes));
-  std::string payload(static_cast<std::size_t>(length), '\0');
+  // A header that agrees with a huge file is read only if the memory is there.
+  std::string payload;
+  try {
+    payload.resize(static_cast<std::size_t>(length));
+  } catch (const std::exception&) {  // std::bad_alloc, std::length_error
+    fail(path, fmt::format("cannot be read: its {} bytes of content do not fit in this process's "
+                           "memory",
+                           length));
+  }
   const std::size_t read = readUpTo(f.fd, payload.data(), payload.size(), path);
   if (read != length)  // it shrank while we read
     fail(path, fmt::format("is truncated or corrupt: the header says {} bytes of content, the "

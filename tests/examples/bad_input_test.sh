@@ -76,6 +76,17 @@ cp "$data"/* "$work/corrupt/"
 gzip -dc "$data/train-labels-idx1-ubyte.gz" | head -c 1000 >"$work/corrupt/train-labels-idx1-ubyte"
 rm "$work/corrupt/train-labels-idx1-ubyte.gz"
 expect 2 "fashion: a truncated data file" "$fashion" --data "$work/corrupt" --limit 600
+# An empty training set (IDX headers that say 0 images): one line, not a shape error.
+mkdir -p "$work/empty"
+cp "$data"/t10k-* "$work/empty/"
+printf '\x00\x00\x08\x03\x00\x00\x00\x00\x00\x00\x00\x1c\x00\x00\x00\x1c' \
+  >"$work/empty/train-images-idx3-ubyte"
+printf '\x00\x00\x08\x01\x00\x00\x00\x00' >"$work/empty/train-labels-idx1-ubyte"
+SAYS="holds no images" expect 2 "fashion: an empty training set" "$fashion" --data "$work/empty"
+SAYS="holds no images" expect 2 "population: an empty training set" "$population" \
+  --data "$work/empty" --steps 10 --interval 5
+SAYS="not in range" expect 2 "fashion --hidden 100000000" "$fashion" "${small[@]}" \
+  --hidden 100000000
 expect 2 "fashion --workers 0" "$fashion" --workers 0
 expect 2 "fashion --lr -1" "$fashion" --lr -1
 expect 2 "fashion --optimizer rmsprop" "$fashion" --optimizer rmsprop
@@ -109,6 +120,12 @@ expect 4 "fashion --resume a corrupted checkpoint" "$fashion" "${small[@]}" \
   --resume "$work/flipped.ckpt"
 echo "not a checkpoint" >"$work/text.ckpt"
 expect 4 "fashion --resume a text file" "$fashion" "${small[@]}" --resume "$work/text.ckpt"
+# A header that agrees with a 40 GiB (sparse) file: refused for want of memory, not bad_alloc.
+{ printf 'GRADAGG CKPT v1\n\x00\x00\x00\x00\x0a\x00\x00\x00'; head -c 8 /dev/zero; } >"$work/huge.ckpt"
+truncate -s $(((40 << 30) + 32)) "$work/huge.ckpt"
+ONE_LINE=1 SAYS="do not fit in this process's memory" expect 4 "fashion --resume a huge checkpoint" \
+  "$fashion" "${small[@]}" --resume "$work/huge.ckpt"
+rm -f "$work/huge.ckpt"
 expect 3 "fashion: a node alone (rendezvous timeout)" env GRADAGG_NODE_TIMEOUT_MS=1000 \
   "$fashion" "${small[@]}" --nodes 2 --node-rank 0 --store "$work/store2"
 leftover=$(find "$work" -name '*.tmp-*' -o -name '*.probe-*')
