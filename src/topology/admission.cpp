@@ -47,10 +47,17 @@ std::string sign(const NodeOptions& o, const char* what, const std::string& run,
   const std::string whose = o.token.empty() ? "this node has no job token and node {} has one"
                             : proof == "-"  ? "this node has a job token and node {} has none"
                                             : "node {} proves a different job token";
+  // With a token, whoever wrote under node `other`'s keys may be no node of
+  // the job at all: the store is open to anyone who reaches its port.
+  const std::string stranger =
+      o.token.empty() ? ""
+                      : fmt::format("; if every node has it, a process outside the job answered "
+                                    "as node {} (docs/multinode.md, Security)",
+                                    other);
   throw InvalidArgument(fmt::format(
       "gradagg: node {} of {}: refused at the rendezvous: {} (NodeOptions::token, "
-      "GRADAGG_JOB_TOKEN): give every node of the job the same token",
-      o.node_rank, o.nodes, fmt::format(fmt::runtime(whose), other)));
+      "GRADAGG_JOB_TOKEN): give every node of the job the same token{}",
+      o.node_rank, o.nodes, fmt::format(fmt::runtime(whose), other), stranger));
 }
 
 std::string privatePrefix(const NodeOptions& o, const std::string& run) {
