@@ -120,12 +120,16 @@ expect 4 "fashion --resume a corrupted checkpoint" "$fashion" "${small[@]}" \
   --resume "$work/flipped.ckpt"
 echo "not a checkpoint" >"$work/text.ckpt"
 expect 4 "fashion --resume a text file" "$fashion" "${small[@]}" --resume "$work/text.ckpt"
-# A header that agrees with a 40 GiB (sparse) file: refused for want of memory, not bad_alloc.
-{ printf 'GRADAGG CKPT v1\n\x00\x00\x00\x00\x0a\x00\x00\x00'; head -c 8 /dev/zero; } >"$work/huge.ckpt"
-truncate -s $(((40 << 30) + 32)) "$work/huge.ckpt"
-ONE_LINE=1 SAYS="do not fit in this process's memory" expect 4 "fashion --resume a huge checkpoint" \
-  "$fashion" "${small[@]}" --resume "$work/huge.ckpt"
-rm -f "$work/huge.ckpt"
+# A header that agrees with a 1 TiB (sparse) file: refused for want of memory, not bad_alloc.
+# (Not under ASan, whose operator new aborts on a failed allocation instead of throwing.)
+if ! ldd "$fashion" | grep -q libasan; then
+  { printf 'GRADAGG CKPT v1\n\x00\x00\x00\x00\x00\x01\x00\x00'; head -c 8 /dev/zero; } \
+    >"$work/huge.ckpt"
+  truncate -s $(((1 << 40) + 32)) "$work/huge.ckpt"
+  ONE_LINE=1 SAYS="do not fit in this process's memory" expect 4 \
+    "fashion --resume a huge checkpoint" "$fashion" "${small[@]}" --resume "$work/huge.ckpt"
+  rm -f "$work/huge.ckpt"
+fi
 expect 3 "fashion: a node alone (rendezvous timeout)" env GRADAGG_NODE_TIMEOUT_MS=1000 \
   "$fashion" "${small[@]}" --nodes 2 --node-rank 0 --store "$work/store2"
 leftover=$(find "$work" -name '*.tmp-*' -o -name '*.probe-*')
