@@ -12,7 +12,9 @@
 #      it wrote resumes to the end;
 #   5. a second run on the --checkpoint path of a live one: refused at once
 #      (exit 4, one line naming the first's pid), the first goes on; after the
-#      first is killed with SIGKILL a new run writes that path.
+#      first is killed with SIGKILL a new run writes that path;
+#   6. SIGTERM twice within 20 ms (as timeout(1) sends it): exit 143 with a
+#      checkpoint that resumes.
 #
 #   tests/examples/checkpoint_safety_test.sh <fashion_mnist binary> [data dir]
 set -uo pipefail
@@ -121,6 +123,22 @@ wait $p0 2>/dev/null
 rc=$?
 [ "$rc" = 0 ] || fail "a run after the holder was killed: exit $rc: $(tail -1 "$work/busy.2")"
 echo "a run after the holder was killed with SIGKILL: exit $rc"
+
+# 6: SIGTERM twice, 20 ms apart, as timeout(1) sends it (to the program, then to its group):
+# one request, the checkpoint is written whole, exit 143.
+"$fashion" "${run[@]}" --epochs 20 --checkpoint "$work/twice.ckpt" >"$work/twice.out" 2>&1 &
+p=$!
+for _ in $(seq 1 400); do grep -q "steps" "$work/twice.out" && break; sleep 0.05; done
+kill -TERM $p
+sleep 0.02
+kill -TERM $p 2>/dev/null
+wait $p; rc=$?
+[ "$rc" = 143 ] || fail "SIGTERM twice: exit $rc (want 143)"
+"$fashion" "${run[@]}" --epochs 20 --resume "$work/twice.ckpt" --stop-after 1 \
+  >"$work/twice.resume" 2>&1 || true
+grep -q "resumed from" "$work/twice.resume" ||
+  fail "SIGTERM twice: its checkpoint does not resume: $(tail -1 "$work/twice.resume")"
+echo "SIGTERM twice: exit $rc, $(grep -m1 "resumed from" "$work/twice.resume")"
 
 [ "$failures" = 0 ] && echo "all checks passed"
 [ "$failures" = 0 ]
