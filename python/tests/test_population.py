@@ -8,7 +8,9 @@ typed error naming it; the Python example prints what the C++ one prints.
 import copy
 import json
 import os
+import re
 import subprocess
+import time
 import sys
 
 import pytest
@@ -346,3 +348,37 @@ def test_the_python_example_without_data_exits_as_the_cpp_one(tmp_path):
     assert py.returncode == 2  # bad input (docs/errors.md), as the C++ example
     cpp = run(cpp_example(), "--data", nowhere)
     assert (py.returncode, py.stderr) == (cpp.returncode, cpp.stderr)
+
+
+@pytest.mark.skipif(not os.path.isdir(DATA_DIR), reason=f"{DATA_DIR} missing "
+                    "(dataset-fashion-mnist)")
+@pytest.mark.parametrize("example", ["cpp", "python"])
+def test_checkpoint_every_survives_kill_9_and_resumes_to_the_same_result(tmp_path, example):
+    command = [cpp_example()] if example == "cpp" else [sys.executable, EXAMPLE]
+    flags = ["--steps", "300", "--interval", "50", "--seed", "2", "--policy", "truncation",
+             "--workers", "2"]
+    whole = run(*command, *flags)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    # A run killed with SIGKILL (no handler runs) after its first periodic checkpoint.
+    path = tmp_path / "pop.ckpt"
+    killed = subprocess.Popen([*command, *flags, "--checkpoint", str(path),
+                               "--checkpoint-every", "100"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL,
+                              env=dict(os.environ, PYTHONPATH=PYTHONPATH))
+    try:
+        for _ in range(1200):
+            if path.exists() or killed.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert path.exists(), "no periodic checkpoint was written"
+    finally:
+        killed.kill()
+        killed.wait(timeout=30)
+    # Resumed from whatever checkpoint it left, the run ends as the one never stopped
+    # (every member's accuracy and lr; the copies counted are this process's only).
+    resumed = run(*command, *flags, "--resume", str(path))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    def without_copies(out):
+        return re.sub(r", \d+ copies$", "", out, flags=re.M)
+    assert without_copies(resumed.stdout) == without_copies(whole.stdout)
+    assert len(resumed.stdout.splitlines()) == 4
