@@ -82,3 +82,16 @@ def test_ctrl_c_while_waiting_for_a_slow_peer_and_the_peer_fails_at_once(tmp_pat
     assert seconds(last0) < 0.5 + 1.0, out0
     assert last1.startswith("NodeFailed"), out1 + err1
     assert seconds(last1) < 4.0 + 5.0, out1  # at once after its slow step, not at 30 s
+
+
+def test_sigterm_at_the_rendezvous_ends_the_node_at_once_with_143_and_no_child_left(tmp_path):
+    p = node(0, str(tmp_path / "store"))  # alone: node 1 never comes
+    assert p.stdout.readline().strip() == "starting"
+    time.sleep(1.0)
+    p.send_signal(signal.SIGTERM)
+    begin = time.monotonic()
+    out, err = p.communicate(timeout=30)
+    # Python's default SIGTERM action: the process ends by the signal at once, not at the
+    # rendezvous' 30 s timeout (the conftest fixture checks nothing is left in /dev/shm).
+    assert p.returncode == -signal.SIGTERM, (p.returncode, out + err)
+    assert time.monotonic() - begin < 2.0, out + err
