@@ -4,7 +4,6 @@
 
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/pooling.h>
-#include <torch/nn/modules/container/any.h>
 
 namespace gradagg::bench {
 

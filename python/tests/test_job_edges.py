@@ -57,15 +57,22 @@ def test_nodes_with_other_tokens_are_refused_at_once_on_both_sides(tmp_path):
         assert seconds(last) < 10, out
 
 
-def test_ctrl_c_at_the_rendezvous_raises_keyboard_interrupt_at_once(tmp_path):
-    p = node(0, str(tmp_path / "store"))  # alone: node 1 never comes
+def signal_a_lone_node(tmp_path, signum):
+    """Node 0 alone at the rendezvous (node 1 never comes) gets `signum` after 1 s:
+    (process, stdout, stderr, seconds from the signal to its end)."""
+    p = node(0, str(tmp_path / "store"))
     assert p.stdout.readline().strip() == "starting"
     time.sleep(1.0)
-    p.send_signal(signal.SIGINT)
+    p.send_signal(signum)
     begin = time.monotonic()
     out, err = p.communicate(timeout=30)
+    return p, out, err, time.monotonic() - begin
+
+
+def test_ctrl_c_at_the_rendezvous_raises_keyboard_interrupt_at_once(tmp_path):
+    _, out, err, took = signal_a_lone_node(tmp_path, signal.SIGINT)
     assert "KeyboardInterrupt" in out, out + err
-    assert time.monotonic() - begin < 2.0, out + err
+    assert took < 2.0, out + err
 
 
 def test_ctrl_c_while_waiting_for_a_slow_peer_and_the_peer_fails_at_once(tmp_path):
@@ -85,13 +92,8 @@ def test_ctrl_c_while_waiting_for_a_slow_peer_and_the_peer_fails_at_once(tmp_pat
 
 
 def test_sigterm_at_the_rendezvous_ends_the_node_at_once_with_143_and_no_child_left(tmp_path):
-    p = node(0, str(tmp_path / "store"))  # alone: node 1 never comes
-    assert p.stdout.readline().strip() == "starting"
-    time.sleep(1.0)
-    p.send_signal(signal.SIGTERM)
-    begin = time.monotonic()
-    out, err = p.communicate(timeout=30)
+    p, out, err, took = signal_a_lone_node(tmp_path, signal.SIGTERM)
     # Python's default SIGTERM action: the process ends by the signal at once, not at the
     # rendezvous' 30 s timeout (the conftest fixture checks nothing is left in /dev/shm).
     assert p.returncode == -signal.SIGTERM, (p.returncode, out + err)
-    assert time.monotonic() - begin < 2.0, out + err
+    assert took < 2.0, out + err
