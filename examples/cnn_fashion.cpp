@@ -177,5 +177,5 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   example::installStopSignals();
-  return example::runMain("cnn_fashion", run, argc, argv);
+  example::runMain("cnn_fashion", run, argc, argv);
 }

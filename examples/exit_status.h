@@ -14,9 +14,10 @@
 #pragma once
 
 #include <signal.h>
-#include <sys/time.h>
 
+#include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <cstdint>
 #include <ctime>
 #include <cstdio>
@@ -61,14 +62,33 @@ inline int fail(const char* program, const std::exception& e) {
   return exitCodeFor(e);
 }
 
-// main() of an example: run(argc, argv), or the code and one line for an error.
+// Ends the process with `code` once stdout and stderr are flushed, without
+// the static destructors: libtorch's deregister every operator kernel, which
+// takes 60-170 ms here after a run that forked workers (its pages are
+// copy-on-write then), time a Ctrl-C would wait for. All of ours is written
+// by then: checkpoints are synced and renamed, --metrics flushed per line.
+// Under ASan the usual exit stays, so that the leak check runs.
+[[noreturn]] inline void exitNow(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+#if defined(__SANITIZE_ADDRESS__)
+  std::exit(code);
+#else
+  std::_Exit(code);
+#endif
+}
+
+// main() of an example: run(argc, argv), or the code and one line for an
+// error; then exitNow().
 template <typename Run>
-int runMain(const char* program, Run&& run, int argc, char** argv) {
+[[noreturn]] void runMain(const char* program, Run&& run, int argc, char** argv) {
+  int code = kInternalError;
   try {
-    return run(argc, argv);
+    code = run(argc, argv);
   } catch (const std::exception& e) {
-    return fail(program, e);
+    code = fail(program, e);
   }
+  exitNow(code);
 }
 
 // Parses the command line. A bad flag prints CLI11's message and gives
@@ -102,19 +122,15 @@ inline std::int64_t monotonicNs() {
   return std::int64_t{t.tv_sec} * 1000000000 + t.tv_nsec;
 }
 
-// 150 ms after the first stop request: a node still waiting on the other
-// nodes then (at the rendezvous, for a slow or stopped peer) ends the wait
-// (gradagg::Interrupted) instead of waiting for its timeout; a step that ends
-// sooner stops the run at its boundary as usual.
-inline void onStopGrace(int) { gradagg::interruptWaits(); }
-
 inline void onStopSignal(int signal) {
   if (g_stop_signal == 0) {
     g_first_stop_ns = monotonicNs();
     g_stop_signal = signal;
-    struct itimerval grace {};
-    grace.it_value.tv_usec = 150 * 1000;
-    ::setitimer(ITIMER_REAL, &grace, nullptr);  // async-signal-safe
+    // A node waiting on the other nodes (at the rendezvous, for a slow or
+    // stopped peer) ends that wait 100 ms on (gradagg::Interrupted) instead
+    // of at its timeout; a step whose peers answer within 100 ms of each
+    // wait ends as usual and the run stops at its boundary.
+    gradagg::interruptWaits(std::chrono::milliseconds(100));
     return;
   }
   if (monotonicNs() - g_first_stop_ns < 1000000000) return;  // the same request, again
@@ -139,7 +155,6 @@ inline void installStopSignals() {
   if (::sigaction(SIGINT, nullptr, &previous) == 0 && previous.sa_handler != SIG_IGN)
     ::sigaction(SIGINT, &action, nullptr);
   std::signal(SIGXFSZ, SIG_IGN);
-  std::signal(SIGALRM, onStopGrace);
 }
 
 // While one lives (around a checkpoint's save), a second stop request waits:

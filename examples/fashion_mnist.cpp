@@ -222,9 +222,7 @@ int run(int argc, char** argv) {
   return example::kDone;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int runOrExplain(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const idx::Error& e) {
@@ -239,3 +237,7 @@ int main(int argc, char** argv) {
     return example::fail("fashion_mnist", e);
   }
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { example::exitNow(runOrExplain(argc, argv)); }

@@ -126,4 +126,4 @@ int run(int argc, char** argv) {
 
 // Any error (a bad GRADAGG_* variable, a worker that dies, a node that does not
 // come) ends the demo with one line and an exit code (examples/exit_status.h).
-int main(int argc, char** argv) { return example::runMain("linear_regression_parity", run, argc, argv); }
+int main(int argc, char** argv) { example::runMain("linear_regression_parity", run, argc, argv); }

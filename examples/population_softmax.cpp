@@ -194,4 +194,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return example::runMain("population_softmax", run, argc, argv); }
+int main(int argc, char** argv) { example::runMain("population_softmax", run, argc, argv); }

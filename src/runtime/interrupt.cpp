@@ -1,5 +1,8 @@
 #include "runtime/interrupt.h"
 
+#include <time.h>
+
+#include <algorithm>
 #include <atomic>
 
 #include <gradagg/interrupt.h>
@@ -7,16 +10,42 @@
 namespace gradagg {
 namespace {
 // Written by a signal handler (interruptWaits), read by the waits; lock-free,
-// so both are async-signal-safe.
+// so both are async-signal-safe. A request is its time and its patience; the
+// time is written before `g_interrupted`, which publishes it.
 std::atomic<bool> g_interrupted{false};
+std::atomic<std::int64_t> g_requested_ns{0};
+std::atomic<std::int64_t> g_patience_ns{0};
 static_assert(std::atomic<bool>::is_always_lock_free);
+static_assert(std::atomic<std::int64_t>::is_always_lock_free);
 }  // namespace
 
-void interruptWaits() noexcept { g_interrupted.store(true, std::memory_order_relaxed); }
+void interruptWaits() noexcept { interruptWaits(std::chrono::milliseconds(0)); }
+
+void interruptWaits(std::chrono::milliseconds patience) noexcept {
+  if (g_interrupted.load(std::memory_order_acquire)) return;  // the first request stands
+  g_patience_ns.store(std::max<std::int64_t>(0, patience.count()) * 1000000,
+                      std::memory_order_relaxed);
+  g_requested_ns.store(detail::monotonicNowNs(), std::memory_order_relaxed);
+  g_interrupted.store(true, std::memory_order_release);
+}
 
 namespace detail {
-bool interruptRequested() noexcept { return g_interrupted.load(std::memory_order_relaxed); }
-void clearInterrupt() noexcept { g_interrupted.store(false, std::memory_order_relaxed); }
+std::int64_t monotonicNowNs() noexcept {
+  struct timespec t {};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return std::int64_t{t.tv_sec} * 1000000000 + t.tv_nsec;
+}
+
+bool interruptRequested() noexcept { return g_interrupted.load(std::memory_order_acquire); }
+
+bool interruptDue(std::int64_t began_ns) noexcept {
+  if (!interruptRequested()) return false;
+  if (began_ns == 0) return true;
+  const std::int64_t since = std::max(g_requested_ns.load(std::memory_order_relaxed), began_ns);
+  return monotonicNowNs() - since >= g_patience_ns.load(std::memory_order_relaxed);
+}
+
+void clearInterrupt() noexcept { g_interrupted.store(false, std::memory_order_release); }
 }  // namespace detail
 
 }  // namespace gradagg

@@ -1,6 +1,7 @@
 #include "topology/node_group.h"
 
 #include <cstdio>
+#include <optional>
 
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
@@ -78,7 +79,7 @@ NodeGroup::NodeGroup(const NodeOptions& o)
     if (impl_->base) impl_->base->close();  // an abandoned start-up's next wait ends at once
     const std::string where = tcp ? fmt::format("TCPStore {}:{}", o.master_addr, o.master_port)
                                   : "FileStore " + o.store_path;
-    if (interruptRequested())
+    if (interruptDue())
       throw Interrupted(fmt::format("gradagg: node {} of {}: interrupted at the rendezvous "
                                     "through {} (interruptWaits(): a stop signal)",
                                     o.node_rank, o.nodes, where),
@@ -105,9 +106,9 @@ NodeGroup::~NodeGroup() {
   if (abandoned_ && impl_->group) (void)impl_->group.release();
 }
 
-void NodeGroup::fail(const char* what, const std::exception& e) {
-  if (interruptRequested()) {
-    if (impl_->watch) impl_->watch->shutDown();
+void NodeGroup::fail(const char* what, const std::exception& e, std::int64_t began) {
+  if ((impl_->watch && impl_->watch->interrupted()) || interruptDue(began)) {
+    if (impl_->watch) impl_->watch->shutDown(true);
     throw Interrupted(fmt::format("gradagg: node {} of {}: interrupted during {} "
                                   "(interruptWaits(): a stop signal)",
                                   rank_, size_, what),
@@ -121,16 +122,20 @@ void NodeGroup::fail(const char* what, const std::exception& e) {
 
 template <typename F>
 auto NodeGroup::guarded(const char* what, F&& f) -> decltype(f()) {
+  std::optional<InterruptWatch::Wait> wait;  // what interruptWaits()' patience counts from
+  if (impl_->watch) wait.emplace(*impl_->watch);
+  const std::int64_t began = wait ? wait->began() : monotonicNowNs();
   try {
     return f();
   } catch (const std::exception& e) {
-    fail(what, e);
+    fail(what, e, began);
   }
 }
 
 template <typename W>
 void NodeGroup::await(const W& work) {
   const Deadline until{SteadyClock::now() + timeout_};
+  const std::int64_t began = monotonicNowNs();
   for (;;) {
     try {
       work->wait(std::chrono::milliseconds(20));
@@ -145,10 +150,10 @@ void NodeGroup::await(const W& work) {
     }
     try {
       checkHostInterrupt();
-      throwIfStopped(until, "a peer node");
+      throwIfStopped(until, "a peer node", began);
     } catch (...) {
       abandoned_ = true;
-      impl_->watch->shutDown();  // the peers fail at once, not at their timeout
+      impl_->watch->shutDown(interruptDue(began));  // the peers fail at once, not at their timeout
       throw;
     }
   }

@@ -54,7 +54,7 @@ class NodeGroup {
   std::vector<std::int64_t> allgather(std::int64_t value, const char* what);
 
  private:
-  [[noreturn]] void fail(const char* what, const std::exception& e);
+  [[noreturn]] void fail(const char* what, const std::exception& e, std::int64_t began);
   // Waits for a c10d operation in slices, so that a timeout or
   // interruptWaits() ends it whatever c10d's threads do.
   template <typename W>

@@ -14,8 +14,8 @@ std::chrono::milliseconds Deadline::left() const {
                   std::chrono::duration_cast<std::chrono::milliseconds>(at - SteadyClock::now()));
 }
 
-void throwIfStopped(const Deadline& deadline, const std::string& what) {
-  if (interruptRequested())
+void throwIfStopped(const Deadline& deadline, const std::string& what, std::int64_t began) {
+  if (interruptDue(began))
     throw std::runtime_error(fmt::format("interrupted while waiting for {}", what));
   if (deadline.passed()) throw std::runtime_error(fmt::format("timed out waiting for {}", what));
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <mutex>
 #include <algorithm>
 #include <string>
@@ -29,10 +30,11 @@ struct Deadline {
 
 // Polls `ready` (1 ms, doubling to 20 ms) until it returns true. Throws
 // std::runtime_error naming `what` at `deadline`, or when interruptWaits() was
-// called (throwIfStopped).
+// due for a wait that began at `began` (throwIfStopped; 0: the rendezvous).
 template <typename Ready>
 void pollUntil(const Deadline& deadline, const std::string& what, Ready&& ready);
-void throwIfStopped(const Deadline& deadline, const std::string& what);
+void throwIfStopped(const Deadline& deadline, const std::string& what,
+                    std::int64_t began = 0);
 
 class RendezvousStore final : public c10d::Store {
  public:

@@ -73,7 +73,7 @@ c10::intrusive_ptr<c10d::Store> openStore(const NodeOptions& o, const Deadline& 
       store->setTimeout(deadline.left());
       return store;
     } catch (const std::exception&) {
-      if (interruptRequested() || deadline.left() < std::chrono::milliseconds(50)) {
+      if (interruptDue() || deadline.left() < std::chrono::milliseconds(50)) {
         FLAGS_caffe2_log_level = level;
         throw;
       }

@@ -49,7 +49,7 @@ rm -f "$work/store"
 peer=$!
 "$fashion" "${small[@]}" --nodes 2 --node-rank 0 --store "$work/store" >"$work/out" 2>"$work/err" &
 pid=$!
-for _ in $(seq 200); do grep -q "epoch" "$work/out" 2>/dev/null && break; sleep 0.1; done
+for _ in $(seq 200); do grep -q "^epoch 1/" "$work/out" 2>/dev/null && break; sleep 0.1; done
 kill -STOP $peer
 sleep 1
 sent=$(( $(date +%s%N) / 1000000 ))

@@ -163,6 +163,34 @@ TEST_F(MultiNode, AnInterruptEndsTheWaitForASlowPeerAndThePeerFailsAtOnce) {
   EXPECT_LT(results[1].seconds, 3.0 + 8.0) << "the peer failed only at its timeout";
 }
 
+// With patience, an interrupt lets each wait whose peers answer in time end as
+// usual, however long the step's own compute: a stop at the step's boundary
+// keeps its checkpoint. Without, the next wait ends at once.
+TEST_F(MultiNode, AnInterruptWithPatienceLetsAStepWithALongComputeFinish) {
+  NodeRun run;
+  run.nodes = 2;
+  run.steps = 6;  // 2.4 s in all: far past the patience counted from the call
+  run.timeout = 20s;
+  run.slow_first_layer_ms = 400;  // every step's backward, on both nodes
+  NodeRun other = run;
+  other.node = 1;
+  run.interrupt_at_step = 0;
+  run.interrupt_after_ms = 50;  // long before node 0's first wait on node 1
+  run.interrupt_patience_ms = 1500;
+  run.store = other.store = store("patient");
+  const auto patient = runNodes({run, other});
+  EXPECT_EQ(patient[0].outcome, kOk) << patient[0].what;
+  EXPECT_EQ(patient[1].outcome, kOk) << patient[1].what;
+  EXPECT_TRUE(bitIdentical(patient[0].params, patient[1].params));
+
+  run.interrupt_patience_ms = 0;
+  run.store = other.store = store("impatient");
+  const auto impatient = runNodes({run, other});
+  EXPECT_EQ(impatient[0].outcome, kInterrupted) << impatient[0].what;
+  EXPECT_NE(impatient[0].what.find("interrupted during"), std::string::npos) << impatient[0].what;
+  EXPECT_EQ(impatient[1].outcome, kNodeFailed) << impatient[1].what;
+}
+
 TEST_F(MultiNode, TheRendezvousEndsAtItsDeadlineAndAnUnresolvableMasterAddrIsNamed) {
   NodeRun run;
   run.nodes = 2;

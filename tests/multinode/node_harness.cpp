@@ -181,9 +181,12 @@ NodeResult trainNode(const NodeRun& run) {
   std::optional<gradagg::Aggregator> agg;
   std::vector<std::thread> interrupters;  // each calls interruptWaits() after a while
   const auto interruptLater = [&] {
-    interrupters.emplace_back([ms = run.interrupt_after_ms] {
+    interrupters.emplace_back([ms = run.interrupt_after_ms, patience = run.interrupt_patience_ms] {
       std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-      gradagg::interruptWaits();
+      if (patience > 0)
+        gradagg::interruptWaits(std::chrono::milliseconds(patience));
+      else
+        gradagg::interruptWaits();
     });
   };
   result.outcome = outcomeOf(

@@ -38,6 +38,7 @@ struct NodeRun {
   // begins (interrupt_at_step < 0) or after step interrupt_at_step begins.
   int interrupt_after_ms = -1;
   int interrupt_at_step = -1;
+  int interrupt_patience_ms = 0;  // > 0: interruptWaits(patience)
   // NodeOptions' start-up agreement.
   std::int64_t start_step = 0;
   std::string resume_identity;
