@@ -70,7 +70,8 @@ struct NodeOptions {
   std::string interface;
   // Deadline of the rendezvous and of every cross-node collective
   // (GRADAGG_NODE_TIMEOUT_MS): a dead node or a stalled network ends every
-  // other node with NodeFailed within it.
+  // other node with NodeFailed within it. Like every timeout here, one over
+  // 30 days is taken as 30 days.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
   // Every this many steps, the nodes compare a checksum of their parameters
   // (GRADAGG_CHECKSUM_INTERVAL); 0 = never.
@@ -137,7 +138,7 @@ struct Options {
   // its optimizer step would steal them. 0 leaves the parent's setting alone.
   int parent_threads = 1;
   // Deadline for every worker to finish a step (and to start up); a late worker
-  // raises StepTimeout naming its rank.
+  // raises StepTimeout naming its rank. Over 30 days: 30 days.
   std::chrono::milliseconds step_timeout{std::chrono::minutes(5)};
   // How long shutdown waits for workers to exit before it kills them.
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(2)};

@@ -41,6 +41,7 @@
 #include "aggregator/apply.h"
 #include "aggregator/step_errors.h"
 #include "aggregator/worker.h"
+#include "runtime/timeouts.h"
 #include "model/model_binding.h"
 #include "runtime/control.h"
 #include "runtime/process.h"
@@ -105,6 +106,9 @@ struct Aggregator::Impl {
         shard(std::move(fn)),
         binding(model) {
     if (!shard) throw InvalidArgument("shard function: expected a callable, got an empty ShardFn");
+    options.step_timeout = saturated(options.step_timeout);
+    options.shutdown_timeout = saturated(options.shutdown_timeout);
+    options.nodes.timeout = saturated(options.nodes.timeout);
     const int n = options.workers;
     topology = joinTopology(options, binding);
     LayoutSizes sizes;

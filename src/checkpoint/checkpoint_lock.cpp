@@ -237,4 +237,17 @@ void CheckpointLock::release() noexcept {
   g_held.erase(it);
 }
 
+namespace detail {
+bool holdsCheckpointLock(const std::string& checkpoint_path) {
+  const std::string lock_path = CheckpointLock::lockPathOf(checkpoint_path);
+  struct stat st {};
+  if (::stat(lock_path.c_str(), &st) != 0) return false;
+  const pid_t self = ::getpid();
+  std::lock_guard<std::mutex> guard(g_mutex);
+  for (const auto& [key, held] : g_held)
+    if (held.owner == self && held.dev == st.st_dev && held.ino == st.st_ino) return true;
+  return false;
+}
+}  // namespace detail
+
 }  // namespace gradagg

@@ -100,9 +100,12 @@ std::size_t readUpTo(int fd, char* out, std::size_t n, const std::string& path) 
 }
 
 // "<path>.tmp-<pid>" files left by writers killed mid-save (kill -9, a power
-// cut): removed once their process is gone and they are 10 minutes old (a
-// slow writer on a shared file system keeps its file fresh).
+// cut): removed once their process is gone; at once under the path's lock (no
+// other run writes it), else once they are 10 minutes old (a slow writer on
+// another host of a shared file system, whose pid means nothing here, keeps
+// its file fresh).
 void removeOrphans(const std::string& path) {
+  const bool locked = holdsCheckpointLock(path);
   namespace fs = std::filesystem;
   const fs::path p(path);
   const std::string prefix = p.filename().string() + ".tmp-";
@@ -118,7 +121,9 @@ void removeOrphans(const std::string& path) {
     const pid_t pid = static_cast<pid_t>(std::stol(digits));
     if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
     struct stat st {};
-    if (::stat(it->path().c_str(), &st) != 0 || ::time(nullptr) - st.st_mtime < 600) continue;
+    if (!locked &&
+        (::stat(it->path().c_str(), &st) != 0 || ::time(nullptr) - st.st_mtime < 600))
+      continue;
     ::unlink(it->path().c_str());
   }
 }

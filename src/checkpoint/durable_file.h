@@ -31,9 +31,13 @@ void checkWritable(const std::string& path);
 // it over `path` and fsyncs the directory. On any failure the temporary file is
 // removed and `path` keeps what it had. SIGXFSZ is ignored while writing, so a
 // file-size limit is an error (EFBIG), not a core dump.
-// Afterwards, "<path>.tmp-<pid>" files of processes that no longer exist, 10
-// minutes old, are removed (left by a writer killed mid-save).
+// Afterwards, "<path>.tmp-<pid>" files of processes that no longer exist are
+// removed (left by a writer killed mid-save): at once where this process holds
+// the path's CheckpointLock (no other run writes it), else once 10 minutes old.
 void writeDurably(const std::string& path, const std::string& payload);
+
+// This process holds the CheckpointLock of `checkpoint_path` (checkpoint_lock.cpp).
+bool holdsCheckpointLock(const std::string& checkpoint_path);
 
 // The payload of `path`, verified (magic, length, CRC). `crc` receives its CRC.
 // The header is checked before the content is read: a file that is not a

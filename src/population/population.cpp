@@ -30,6 +30,7 @@
 #include "runtime/segment.h"
 #include "population/checkpoint.h"
 #include "population/member.h"
+#include "runtime/timeouts.h"
 
 namespace gradagg {
 namespace detail::pop {
@@ -85,6 +86,8 @@ struct Population::Impl {
   Impl(torch::nn::Module* m, const ModelView& view, PopulationFns f, PopulationOptions o)
       : model(m != nullptr ? m : &placeholder), fns(std::move(f)), options(std::move(o)) {
     options.validate();
+    options.step_timeout = detail::saturated(options.step_timeout);
+    options.shutdown_timeout = detail::saturated(options.shutdown_timeout);
     if (!fns.make_optimizer || !fns.hyperparams || !fns.train_step || !fns.score)
       throw InvalidArgument(
           "PopulationFns: make_optimizer, hyperparams, train_step and score "

@@ -29,12 +29,32 @@ TEST_F(Behaviour, BadOptionsAreInvalidArgumentsNamingTheField) {
   o = {};
   o.step_timeout = 0ms;
   expectField(o, "step_timeout");
-  o.step_timeout = std::chrono::milliseconds(10'000'000'000'000);  // overflowed a deadline
+  o.step_timeout = -5ms;
   expectField(o, "step_timeout");
   o = {};
-  o.nodes.timeout = std::chrono::milliseconds(10'000'000'000'000);
+  o.nodes.timeout = -1ms;
   expectField(o, "nodes.timeout");
   EXPECT_THROW(gradagg::Aggregator(*model, nullptr, gradagg::Options{}), gradagg::InvalidArgument);
+}
+
+// A timeout too long for a deadline (1e13 ms overflowed one, and failed at
+// once) is taken as 30 days: the steps run and a worker that fails is still
+// reported at once.
+TEST_F(Behaviour, HugeTimeoutsSaturateInsteadOfOverflowing) {
+  auto model = makeModel(ModelKind::kMlp, torch::kFloat);
+  const Data data = makeData(ModelKind::kMlp, 8, torch::kFloat);
+  gradagg::Options o = opts(2);
+  o.step_timeout = std::chrono::milliseconds(10'000'000'000'000);
+  o.shutdown_timeout = std::chrono::milliseconds::max();
+  o.nodes.timeout = std::chrono::milliseconds(10'000'000'000'000);
+  auto fn = shardFn(*model, data, shardBounds(8, 2, false));
+  gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext& c) {
+    if (c.step == 2 && c.rank == 1) throw std::runtime_error("bad record");
+    return fn(c);
+  }, o);
+  EXPECT_NO_THROW(agg.step());
+  EXPECT_NO_THROW(agg.step());
+  expectThrows<gradagg::WorkerFailed>([&] { agg.step(); }, "bad record");
 }
 
 TEST_F(Behaviour, UnsupportedParameterDtypeIsAnInvalidArgumentNamingIt) {

@@ -75,5 +75,26 @@ TEST(DurableFile, OldTemporaryFilesOfDeadWritersAreRemovedOthersKept) {
   EXPECT_EQ(gradagg::detail::readVerified(path), "payload");
 }
 
+// Under the path's lock no other run writes it: a dead writer's file goes at
+// the next save however fresh; a live process's stays.
+TEST(DurableFile, UnderTheLockADeadWritersFreshTemporaryFileGoesAtOnce) {
+  TempDir dir("durable");
+  const std::string path = dir.file("run.ckpt");
+  const std::time_t now = std::time(nullptr);
+  const std::string dead_new = path + ".tmp-" + std::to_string(deadPid());
+  const std::string alive_new = path + ".tmp-" + std::to_string(::getppid());
+  touch(dead_new, now);
+  touch(alive_new, now);
+  {
+    gradagg::CheckpointLock lock(path);
+    EXPECT_TRUE(gradagg::detail::holdsCheckpointLock(path));
+    gradagg::detail::writeDurably(path, "payload");
+  }
+  EXPECT_FALSE(gradagg::detail::holdsCheckpointLock(path));
+  EXPECT_FALSE(std::filesystem::exists(dead_new)) << "a dead writer's fresh file stayed";
+  EXPECT_TRUE(std::filesystem::exists(alive_new)) << "a live process's file was removed";
+  EXPECT_EQ(gradagg::detail::readVerified(path), "payload");
+}
+
 }  // namespace
 }  // namespace gradagg_test

@@ -191,6 +191,21 @@ TEST_F(MultiNode, AnInterruptWithPatienceLetsAStepWithALongComputeFinish) {
   EXPECT_EQ(impatient[1].outcome, kNodeFailed) << impatient[1].what;
 }
 
+// 1e13 ms overflowed the rendezvous's deadline and failed at once: it is taken as 30 days.
+TEST_F(MultiNode, AHugeTimeoutSaturatesAndTheNodesTrain) {
+  NodeRun run;
+  run.nodes = 2;
+  run.steps = 2;
+  run.timeout = std::chrono::milliseconds(10'000'000'000'000);
+  run.store = store("huge");
+  NodeRun other = run;
+  other.node = 1;
+  const auto results = runNodes({run, other});
+  EXPECT_EQ(results[0].outcome, kOk) << results[0].what;
+  EXPECT_EQ(results[1].outcome, kOk) << results[1].what;
+  EXPECT_TRUE(bitIdentical(results[0].params, results[1].params));
+}
+
 TEST_F(MultiNode, TheRendezvousEndsAtItsDeadlineAndAnUnresolvableMasterAddrIsNamed) {
   NodeRun run;
   run.nodes = 2;
