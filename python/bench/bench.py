@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""One process vs gradagg vs PyTorch DDP (Gloo) on the same MLPs, side by side in one run.
+"""One process vs gradagg vs PyTorch DDP (Gloo) on the same models, side by side in one run.
 
-For each model: the same MLP (ReLU, cross-entropy, SGD), the same global batch,
+For each model: the same network (cross-entropy, SGD), the same global batch,
 measured as ms per optimizer step (forward, backward, gradient exchange, step):
   single   one process on the whole batch, intra-op threads = cores
   gradagg  gradagg.Aggregator, --workers workers, one thread each (the default)
@@ -9,9 +9,12 @@ measured as ms per optimizer step (forward, backward, gradient exchange, step):
            (one thread each), each on its share of the batch
   cpp      the C++ core on the same model (build/bench/gradagg-bench, shm mode):
            the gradagg row minus this one is what the Python layer costs per step
-Prints a markdown table; --json writes one JSON object per row (JSON Lines).
+The models: ReLU MLPs (807, 55k, 670k) and the C++ bench's real networks (cnn, transformer,
+lstm, or real for the three: nets.py, the same as bench/nets.h). Prints a markdown table;
+--json writes one JSON object per row (JSON Lines).
 
     PYTHONPATH=build/python python3 python/bench/bench.py --json build/python-bench.jsonl
+    PYTHONPATH=build/python python3 python/bench/bench.py -m real
 """
 import argparse
 import json
@@ -26,32 +29,22 @@ import time
 import torch
 
 import gradagg
+import nets
 
-# name: (layers, global batch, measured steps)
+# name: (spec, global batch, measured steps); a spec is a layer list or a nets.REAL name,
+# and the real models' batches are gradagg-bench's defaults (bench/models.cpp).
 MODELS = {
     "807": ([784, 1, 1, 10], 16, 2000),
     "55k": ([784, 64, 64, 10], 64, 400),
     "670k": ([784, 512, 512, 10], 256, 40),
+    "cnn": ("cnn", 64, 20),
+    "transformer": ("transformer", 8, 20),
+    "lstm": ("lstm", 16, 20),
 }
+ALIASES = {"real": ["cnn", "transformer", "lstm"]}
 LR = 0.01
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-
-
-def mlp(layers):
-    torch.manual_seed(1)
-    mods = []
-    for i in range(len(layers) - 1):
-        mods.append(torch.nn.Linear(layers[i], layers[i + 1]))
-        if i + 2 < len(layers):
-            mods.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*mods)
-
-
-def batch(layers, size):
-    g = torch.Generator().manual_seed(2)
-    return (torch.randn(size, layers[0], generator=g),
-            torch.randint(0, layers[-1], (size,), generator=g))
 
 
 def timed(step, steps, warmup):
@@ -71,13 +64,13 @@ def summary(times):
             "p90_ms": ms[int(len(ms) * 0.9)]}
 
 
-def run_single(layers, size, steps, warmup, threads_wanted=None):
+def run_single(spec, size, steps, warmup, threads_wanted=None):
     threads = torch.get_num_threads()
     threads_wanted = threads_wanted or os.cpu_count()
     torch.set_num_threads(threads_wanted)
     try:
-        model = mlp(layers)
-        x, y = batch(layers, size)
+        model = nets.build(spec)
+        x, y = nets.batch(spec, size)
         opt = torch.optim.SGD(model.parameters(), lr=LR)
 
         def step():
@@ -89,9 +82,9 @@ def run_single(layers, size, steps, warmup, threads_wanted=None):
         torch.set_num_threads(threads)
 
 
-def run_gradagg(layers, size, steps, warmup, workers):
-    model = mlp(layers)
-    x, y = batch(layers, size)
+def run_gradagg(spec, size, steps, warmup, workers):
+    model = nets.build(spec)
+    x, y = nets.batch(spec, size)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
 
     def shard(ctx):
@@ -116,11 +109,11 @@ def ddp_worker(args):
     """One DDP process (--ddp-worker): prints its per-step times as JSON."""
     import torch.distributed as dist
     torch.set_num_threads(1)
-    layers = [int(v) for v in args.layers.split("-")]
+    spec = nets.parse(args.net)
     dist.init_process_group("gloo", init_method=f"file://{args.init_file}", rank=args.rank,
                             world_size=args.world)
-    model = torch.nn.parallel.DistributedDataParallel(mlp(layers))
-    x, y = batch(layers, args.batch)
+    model = torch.nn.parallel.DistributedDataParallel(nets.build(spec))
+    x, y = nets.batch(spec, args.batch)
     lo = args.batch * args.rank // args.world
     hi = args.batch * (args.rank + 1) // args.world
     x, y = x[lo:hi], y[lo:hi]
@@ -139,11 +132,11 @@ def ddp_worker(args):
         print(json.dumps(times))
 
 
-def run_ddp(layers, size, steps, warmup, workers):
+def run_ddp(spec, size, steps, warmup, workers):
     with tempfile.TemporaryDirectory() as tmp:
         init = os.path.join(tmp, "init")
         cmd = [sys.executable, os.path.abspath(__file__), "--ddp-worker",
-               "--layers", "-".join(map(str, layers)), "--batch", str(size),
+               "--net", nets.label(spec), "--batch", str(size),
                "--steps", str(steps), "--warmup", str(warmup), "--world", str(workers),
                "--init-file", init]
         procs = [subprocess.Popen(cmd + ["--rank", str(r)], stdout=subprocess.PIPE,
@@ -155,14 +148,14 @@ def run_ddp(layers, size, steps, warmup, workers):
     return summary(json.loads(outs[0][0])) | {"procs": workers, "threads": 1}
 
 
-def run_cpp(layers, size, steps, warmup, workers, build, mode="shm", threads=None):
+def run_cpp(spec, size, steps, warmup, workers, build, mode="shm", threads=None):
     exe = os.path.join(build, "bench", "gradagg-bench")
     if not os.path.exists(exe):
         return None
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "cpp.jsonl")
         extra = ["-t", str(threads)] if threads else []
-        subprocess.run([exe, "-m", "-".join(map(str, layers)), "-b", str(size), "--modes", mode,
+        subprocess.run([exe, "-m", nets.label(spec), "-b", str(size), "--modes", mode,
                         "-w", str(workers), "-s", str(steps), "--warmup", str(warmup),
                         "--json", out] + extra, check=True, capture_output=True, timeout=1800)
         with open(out) as f:
@@ -174,24 +167,32 @@ def run_cpp(layers, size, steps, warmup, workers, build, mode="shm", threads=Non
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-m", "--models", default="807,55k,670k",
-                        help=f"comma list of {', '.join(MODELS)}")
+                        help=f"comma list of {', '.join(MODELS)}, real (the last three)")
     parser.add_argument("-w", "--workers", type=int, default=2)
     parser.add_argument("--modes", default="single,gradagg,ddp,cpp")
     parser.add_argument("--steps-scale", type=float, default=1.0,
                         help="multiply every model's step count (e.g. 0.05 for a smoke run)")
+    parser.add_argument("--steps", type=int,
+                        help="measured steps for every model (default: its own, scaled)")
+    parser.add_argument("--warmup", type=int,
+                        help="unmeasured steps first (default: a tenth of the steps, at least 1)")
     parser.add_argument("--json", help="write one JSON object per row here (JSON Lines)")
     parser.add_argument("--build", default=os.path.join(ROOT, "build"),
                         help="build folder with bench/gradagg-bench, for the cpp rows")
     # Internal: one DDP process.
     parser.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
-    for flag, kind in (("--layers", str), ("--batch", int), ("--steps", int), ("--warmup", int),
-                       ("--world", int), ("--rank", int), ("--init-file", str)):
+    for flag, kind in (("--net", str), ("--batch", int), ("--world", int), ("--rank", int),
+                       ("--init-file", str)):
         parser.add_argument(flag, type=kind, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.ddp_worker:
         return ddp_worker(args)
 
     modes = args.modes.split(",")
+    names = [n for item in args.models.split(",") for n in ALIASES.get(item, [item])]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown model {', '.join(unknown)} (expected {', '.join(MODELS)}, real)")
     rows = []
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                 if line.startswith("model name")), platform.processor())
@@ -200,21 +201,21 @@ def main():
     print("| model | params | batch | mode | procs x threads | ms/step | median ms | p90 ms "
           "| samples/s | speedup vs single |")
     print("|---|---:|---:|---|---|---:|---:|---:|---:|---:|")
-    for name in args.models.split(","):
-        layers, size, steps = MODELS[name]
-        steps = max(3, int(steps * args.steps_scale))
-        warmup = max(1, steps // 10)
-        params = sum(p.numel() for p in mlp(layers).parameters())
+    for name in names:
+        spec, size, steps = MODELS[name]
+        steps = args.steps or max(3, int(steps * args.steps_scale))
+        warmup = args.warmup if args.warmup is not None else max(1, steps // 10)
+        params = sum(p.numel() for p in nets.build(spec).parameters())
         single_ms = None
         for mode in modes:
             if mode == "single":
-                r = run_single(layers, size, steps, warmup)
+                r = run_single(spec, size, steps, warmup)
             elif mode == "gradagg":
-                r = run_gradagg(layers, size, steps, warmup, args.workers)
+                r = run_gradagg(spec, size, steps, warmup, args.workers)
             elif mode == "ddp":
-                r = run_ddp(layers, size, steps, warmup, args.workers)
+                r = run_ddp(spec, size, steps, warmup, args.workers)
             elif mode == "cpp":
-                r = run_cpp(layers, size, steps, warmup, args.workers, args.build)
+                r = run_cpp(spec, size, steps, warmup, args.workers, args.build)
                 if r is None:
                     continue
             else:
@@ -222,7 +223,7 @@ def main():
             if mode == "single":
                 single_ms = r["ms_per_step"]
             speedup = single_ms / r["ms_per_step"] if single_ms else None
-            row = {"model": "-".join(map(str, layers)), "params": params, "batch": size,
+            row = {"model": nets.label(spec), "params": params, "batch": size,
                    "mode": mode, "steps": steps, **r,
                    "samples_per_s": size / r["ms_per_step"] * 1e3,
                    "speedup_vs_single": speedup, "cores": os.cpu_count(), "cpu": cpu,
@@ -233,14 +234,14 @@ def main():
             print(f"| {row['model']} | {params} | {size} | {mode} | {r['procs']} x {r['threads']} "
                   f"| {r['ms_per_step']:.3f} | {med} | {r['p90_ms']:.3f} "
                   f"| {row['samples_per_s']:.0f} | {sp} |", flush=True)
-        by_mode = {r["mode"]: r for r in rows if r["model"] == "-".join(map(str, layers))}
+        by_mode = {r["mode"]: r for r in rows if r["model"] == nets.label(spec)}
         if "gradagg" in by_mode and "cpp" in by_mode:
             # What Python costs anyway on one worker's share (forward, backward, SGD step in
             # one process, one thread), in Python and in C++: gradagg's critical path has the
             # same pieces, so what remains of the difference is gradagg's Python layer.
             share = size // args.workers
-            py_share = run_single(layers, share, steps, warmup, threads_wanted=1)["ms_per_step"]
-            cpp_share = run_cpp(layers, share, steps, warmup, 1, args.build, mode="single",
+            py_share = run_single(spec, share, steps, warmup, threads_wanted=1)["ms_per_step"]
+            cpp_share = run_cpp(spec, share, steps, warmup, 1, args.build, mode="single",
                                 threads=1)["ms_per_step"]
             total = (by_mode["gradagg"]["ms_per_step"] - by_mode["cpp"]["ms_per_step"]) * 1e3
             torch_py = (py_share - cpp_share) * 1e3

@@ -1,4 +1,5 @@
-"""The Python examples run as a user runs them."""
+"""The Python examples and the benchmark run as a user runs them."""
+import json
 import os
 import re
 import subprocess
@@ -8,6 +9,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FASHION = os.path.join(ROOT, "python", "examples", "fashion_mnist.py")
+BENCH = os.path.join(ROOT, "python", "bench", "bench.py")
 DATA = "/usr/share/datasets/fashion-mnist"
 
 
@@ -37,3 +39,17 @@ def test_fashion_mnist_missing_data_names_the_file_and_the_package(tmp_path):
     assert "nowhere/train-images-idx3-ubyte.gz not found" in r.stderr
     assert "dataset-fashion-mnist" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_bench_short_run_writes_a_row_per_model_and_mode(tmp_path):
+    """An MLP and a real model (BatchNorm, Dropout) at one step in every Python mode."""
+    out = tmp_path / "bench.jsonl"
+    r = run(BENCH, "-m", "807,cnn", "--modes", "single,gradagg,ddp", "--steps", "1",
+            "--warmup", "1", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(row["model"], row["mode"]) for row in rows] == [
+        (model, mode) for model in ("784-1-1-10", "cnn") for mode in ("single", "gradagg", "ddp")]
+    assert {row["model"]: row["params"] for row in rows} == {"784-1-1-10": 807, "cnn": 421834}
+    assert {row["model"]: row["batch"] for row in rows} == {"784-1-1-10": 16, "cnn": 64}
+    assert all(row["steps"] == 1 and row["ms_per_step"] > 0 for row in rows), rows
