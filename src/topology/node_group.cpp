@@ -1,5 +1,6 @@
 #include "topology/node_group.h"
 
+#include <atomic>
 #include <cstdio>
 #include <optional>
 
@@ -50,11 +51,11 @@ NodeGroup::NodeGroup(const NodeOptions& o)
   // left of it.
   const Deadline deadline{SteadyClock::now() + o.timeout};
   const auto began = SteadyClock::now();
+  // Called from the start-up's thread and the caller's: one line in all.
   const std::function<void()> waiting = [began, rank = o.node_rank, nodes = o.nodes,
                                          ms = static_cast<long long>(o.timeout.count()),
-                                         said = false]() mutable {
-    if (said || SteadyClock::now() - began < std::chrono::seconds(1)) return;
-    said = true;
+                                         said = std::make_shared<std::atomic<bool>>(false)] {
+    if (SteadyClock::now() - began < std::chrono::seconds(1) || said->exchange(true)) return;
     std::fprintf(stderr, "gradagg: node %d of %d: waiting for the other nodes (up to %lld ms)\n",
                  rank, nodes, ms);
   };

@@ -45,6 +45,8 @@ class GlooStore final : public ::gloo::rendezvous::Store {
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
+std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
+
 // The store: a FileStore at o.store_path, or a client of the TCPStore that
 // node 0 serves (StoreServer) or a launcher does.
 c10::intrusive_ptr<c10d::Store> openStore(const NodeOptions& o, const Deadline& deadline) {
@@ -72,10 +74,18 @@ c10::intrusive_ptr<c10d::Store> openStore(const NodeOptions& o, const Deadline& 
       FLAGS_caffe2_log_level = level;
       store->setTimeout(deadline.left());
       return store;
-    } catch (const std::exception&) {
-      if (interruptDue() || deadline.left() < std::chrono::milliseconds(50)) {
+    } catch (const std::exception& e) {
+      if (interruptDue()) {
         FLAGS_caffe2_log_level = level;
         throw;
+      }
+      if (deadline.left() < std::chrono::milliseconds(50)) {
+        FLAGS_caffe2_log_level = level;
+        // c10d says "timed out after 0s" of the last short attempt.
+        throw std::runtime_error(fmt::format(
+            "no store answered at {}:{} (node 0 not started, or not at MASTER_ADDR:MASTER_PORT; "
+            "a firewall?); the last attempt: {}",
+            o.master_addr, o.master_port, firstLine(e.what())));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -145,6 +155,7 @@ Started startWithin(const NodeOptions& o, const Deadline& deadline,
     while (done.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
       checkHostInterrupt();
       throwIfStopped(deadline, "the other nodes");
+      waiting();  // also while node 0's store does not answer yet
     }
   } catch (...) {
     std::lock_guard<std::mutex> lock(*base_mutex);
