@@ -247,6 +247,52 @@ def test_workers_outlive_the_thread_that_made_the_aggregator():
         assert _expect_full_batch(model, x, y)
 
 
+def test_workers_outlive_the_thread_pool_task_that_made_the_aggregator():
+    # A ThreadPoolExecutor's thread may end (shutdown) while the Aggregator lives on.
+    import concurrent.futures
+    model = mlp()
+    x, y = data(24)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    agg = pool.submit(gradagg.Aggregator, model, shard_fn(model, x, y, bounds(24, 2, False)),
+                      workers=2).result()
+    pool.shutdown(wait=True)  # the thread that forked the workers has ended
+    time.sleep(0.2)
+    with agg:
+        assert agg.usable
+        agg.step()
+        assert _expect_full_batch(model, x, y)
+
+
+def _child_steps_the_copy(agg, queue):
+    try:
+        agg.step()
+        queue.put("stepped")
+    except gradagg.NotUsable as e:
+        queue.put("not usable: " + str(e))
+    except BaseException as e:  # noqa: BLE001 - the test reports what it was
+        queue.put("other: " + repr(e))
+
+
+def test_a_multiprocessing_fork_child_never_touches_the_workers():
+    # A multiprocessing child (fork start method) exits normally, running the
+    # finalizers of its copy: the parent's workers must go on.
+    import multiprocessing
+    model = mlp()
+    x, y = data(24)
+    ctx = multiprocessing.get_context("fork")
+    with gradagg.Aggregator(model, shard_fn(model, x, y, bounds(24, 2, False)), workers=2) as agg:
+        queue = ctx.Queue()
+        child = ctx.Process(target=_child_steps_the_copy, args=(agg, queue))
+        child.start()
+        said = queue.get(timeout=30)
+        child.join(30)
+        assert child.exitcode == 0, child.exitcode
+        assert said.startswith("not usable") and "copy made by fork()" in said, said
+        assert agg.usable
+        agg.step()
+        assert _expect_full_batch(model, x, y)
+
+
 def test_a_process_forked_inside_the_with_block_never_stops_the_workers():
     model = mlp()
     x, y = data(24)

@@ -192,6 +192,11 @@ NodeResult trainNode(const NodeRun& run) {
   result.outcome = outcomeOf(
       [&] {
         if (run.interrupt_after_ms >= 0 && run.interrupt_at_step < 0) interruptLater();
+        if (run.stop_self_after_ms >= 0)
+          std::thread([ms = run.stop_self_after_ms] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+            ::kill(::getpid(), SIGSTOP);
+          }).detach();
         agg.emplace(
             *model,
             [&](const gradagg::ShardContext& c) {
@@ -291,13 +296,16 @@ std::vector<NodeResult> runNodes(std::vector<NodeRun> runs) {
   }
   std::vector<NodeResult> results(runs.size());
   // Stalled nodes last: once the others have reported, they are killed.
+  const auto stalls = [&](size_t i) {
+    return runs[i].stop_self_at_step >= 0 || runs[i].stop_self_after_ms >= 0;
+  };
   std::vector<size_t> order;
   for (size_t i = 0; i < runs.size(); ++i)
-    if (runs[i].stop_self_at_step < 0) order.push_back(i);
+    if (!stalls(i)) order.push_back(i);
   for (size_t i = 0; i < runs.size(); ++i)
-    if (runs[i].stop_self_at_step >= 0) order.push_back(i);
+    if (stalls(i)) order.push_back(i);
   for (size_t i : order) {
-    if (runs[i].stop_self_at_step >= 0) ::kill(children[i].first, SIGKILL);
+    if (stalls(i)) ::kill(children[i].first, SIGKILL);
     results[i] = receive(children[i].second);
     ::close(children[i].second);
     int status;

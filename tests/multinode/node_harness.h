@@ -46,6 +46,7 @@ struct NodeRun {
   int kill_self_at_step = -1;   // this node's parent dies (SIGKILL) during that step
   int perturb_after_step = -1;  // this node's parameters drift after that step
   int stop_self_at_step = -1;   // this node's parent stops (SIGSTOP) during that step: a stall
+  int stop_self_after_ms = -1;  // ... that long after its Aggregator's construction begins
   int throw_at_step = -1;       // this node's worker 0 throws from the shard function then
   int nan_loss_at_step = -1;    // this node's worker 0 returns a NaN loss then
   // Buckets and overlap (NodeOptions), gradient accumulation (Options).
