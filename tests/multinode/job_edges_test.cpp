@@ -8,6 +8,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 
 #include <fstream>
 #include <thread>
@@ -67,8 +68,10 @@ TEST_F(MultiNode, NodesWithTheSameTokenTrainAsOneNodeAndStopServingTheStoreAfter
 // but node 0 ends with NodeFailed at its deadline and exits, and node 1 ends
 // too (docs/multinode.md, Security). One that connects after the start-up finds
 // nothing listening.
-TEST_F(MultiNode, AStrayClientDuringTheStartUpEndsBothNodesAtTheirDeadlineNeverAHang) {
-  const int port = freePort();
+// Both nodes of a pair through a TCPStore, while a stray client that sent
+// `bytes` to node 0's store during the start-up holds its connection open.
+// The stray must have reached the store (else the test proves nothing).
+std::vector<NodeResult> withAStray(int port, const std::string& bytes) {
   NodeRun run = tcpPair(port, "");
   run.timeout = 3s;
   NodeRun other = otherNode(run, "");
@@ -78,19 +81,32 @@ TEST_F(MultiNode, AStrayClientDuringTheStartUpEndsBothNodesAtTheirDeadlineNeverA
     for (int i = 0; i < 400; ++i) {
       const int fd = connectTo(port);
       if (fd >= 0) {
-        const char byte = 1;
-        if (::write(fd, &byte, 1) == 1) ::pause();  // holds it until killed
+        if (::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()))
+          ::pause();  // holds it until killed
         ::_exit(1);
       }
       std::this_thread::sleep_for(5ms);
     }
     ::_exit(2);
   }
-  const auto results = runNodes({run, other});
+  auto results = runNodes({run, other});
   ::kill(stray, SIGKILL);
   int status = 0;
   ::waitpid(stray, &status, 0);
-  ASSERT_TRUE(WIFSIGNALED(status)) << "the stray never reached the store";
+  EXPECT_TRUE(WIFSIGNALED(status)) << "the stray never reached the store";
+  const int fd = connectTo(port);
+  EXPECT_EQ(fd, -1) << "the store still listens after node 0 ended";
+  if (fd >= 0) ::close(fd);
+  return results;
+}
+
+// A stray client that sends one byte to node 0's store and holds the
+// connection during the start-up stalls c10d 1.13's store server (it reads a
+// whole message before it serves anyone else): the rendezvous cannot finish,
+// but node 0 ends with NodeFailed at its deadline and exits, and node 1 ends
+// too (docs/multinode.md, Security).
+TEST_F(MultiNode, AStrayClientDuringTheStartUpEndsBothNodesAtTheirDeadlineNeverAHang) {
+  const auto results = withAStray(freePort(), std::string(1, '\x01'));
   EXPECT_EQ(results[0].outcome, kNodeFailed) << results[0].what;
   EXPECT_LT(results[0].seconds, 3.0 + 1.5) << results[0].what;
   // Node 1 ends too, by its deadline at the latest: NodeFailed, or, when node
@@ -100,6 +116,20 @@ TEST_F(MultiNode, AStrayClientDuringTheStartUpEndsBothNodesAtTheirDeadlineNeverA
   EXPECT_TRUE(results[1].outcome == kNodeFailed ||
               (results[1].outcome == kOther && results[1].what.empty()))
       << results[1].what;
+}
+
+// A 9-byte message announcing a 1 GiB key (SET, then the length) made node 0
+// allocate 1 GiB: the store's own process does now, and is killed with the
+// start-up; node 0 ends at its deadline as above.
+TEST_F(MultiNode, AHugeLengthFromAStrayCostsNode0NothingAndEndsAtItsDeadline) {
+  std::string message(9, '\0');  // query type 0 (SET), then a 64-bit length
+  const std::uint64_t length = 1ull << 30;
+  std::memcpy(&message[1], &length, sizeof length);
+  const auto results = withAStray(freePort(), message);
+  EXPECT_EQ(results[0].outcome, kNodeFailed) << results[0].what;
+  EXPECT_LT(results[0].seconds, 3.0 + 1.5) << results[0].what;
+  // Its baseline is 0.2-0.6 GiB (ASan); the stray asked for 1 GiB more.
+  EXPECT_LT(results[0].max_rss_mib, 1000) << "node 0 grew by the stray's length";
 }
 
 TEST_F(MultiNode, ANodeWithAnotherTokenIsRefusedAtOnceOnBothSides) {

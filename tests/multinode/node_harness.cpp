@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -91,7 +92,7 @@ void send(int fd, const NodeResult& r) {
   torch::save(r.params, buf);
   const std::string blob = buf.str();
   const std::string metrics = encode(r.metrics) + "--\n" + encode(r.worker0_metrics);
-  const int64_t header[11] = {r.outcome,
+  const int64_t header[12] = {r.outcome,
                              r.usable_after,
                              r.children_after,
                              r.retry,
@@ -101,7 +102,8 @@ void send(int fd, const NodeResult& r) {
                              static_cast<int64_t>(r.node_bytes),
                              r.collectives,
                              r.overlapped,
-                             static_cast<int64_t>(metrics.size())};
+                             static_cast<int64_t>(metrics.size()),
+                             r.max_rss_mib};
   writeAll(fd, header, sizeof(header));
   writeAll(fd, &r.seconds, sizeof(r.seconds));
   writeAll(fd, r.what.data(), r.what.size());
@@ -113,8 +115,9 @@ void send(int fd, const NodeResult& r) {
 // Nothing (outcome kOther) when the node died before it sent anything.
 NodeResult receive(int fd) {
   NodeResult r;
-  int64_t header[11];
+  int64_t header[12];
   if (!readAll(fd, header, sizeof(header))) return r;
+  r.max_rss_mib = header[11];
   r.collectives = static_cast<int>(header[8]);
   r.overlapped = static_cast<int>(header[9]);
   r.node_bytes = static_cast<std::uint64_t>(header[7]);
@@ -288,6 +291,9 @@ std::vector<NodeResult> runNodes(std::vector<NodeRun> runs) {
       const auto t0 = std::chrono::steady_clock::now();
       NodeResult result = trainNode(run);
       result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      struct rusage usage {};
+      ::getrusage(RUSAGE_SELF, &usage);  // this process only, not the store server it forked
+      result.max_rss_mib = usage.ru_maxrss / 1024;
       send(fds[1], result);
       ::_exit(0);
     }

@@ -88,6 +88,7 @@ struct NodeResult {
   std::string what;          // the error's message
   std::vector<torch::Tensor> params;
   double seconds = 0;
+  std::int64_t max_rss_mib = 0;  // the node process's peak resident memory
   std::uint64_t node_bytes = 0;  // StepReport::node_bytes of the last step
   int collectives = 0;           // StepReport::node_collectives of the last step
   int overlapped = 0;            // StepReport::node_overlapped, summed over the steps
