@@ -15,10 +15,17 @@ if [ -n "$marker" ] && [ -e "$marker" ]; then
            ! -name gradagg-cluster 2>/dev/null)
   if [ -n "$dirs" ]; then echo "temporary directories left:"; echo "$dirs"; status=1; fi
 fi
+# Live ones only: an orphan that has exited (a zombie) is init's to reap, which
+# on this machine takes a second or two.
 procs=""
 for name in gradagg_tests gradagg_alloc_t gradagg_core_te linear_regressi consumer \
             gradagg-bench fashion_tests fashion_mnist population_soft population_test; do
-  procs="$procs$(pgrep -a -x "$name")"
+  for pid in $(pgrep -x "$name"); do
+    case "$(ps -o stat= -p "$pid" 2>/dev/null)" in
+      Z* | "") ;;
+      *) procs="$procs$(ps -o pid=,args= -p "$pid")"$'\n' ;;
+    esac
+  done
 done
 if [ -n "$procs" ]; then echo "processes still running:"; echo "$procs"; status=1; fi
 [ $status = 0 ] && echo "no leftovers: /dev/shm clean, no worker processes, no temporary directories"

@@ -46,6 +46,7 @@ NodeGroup::NodeGroup(const NodeOptions& o)
   armHostInterrupt();
   const bool tcp = o.store_path.empty();
   if (tcp) requireResolvable(o);
+  bool abandoned = false;  // the start-up's thread was left in a call
   // The rendezvous as a whole honours o.timeout: each of its stages (the
   // store, the admission, c10d's group, the step's gloo mesh) gets what is
   // left of it.
@@ -68,7 +69,7 @@ NodeGroup::NodeGroup(const NodeOptions& o)
                      o.master_port);
       impl_->server = std::make_unique<StoreServer>(o.master_addr, o.master_port, o.nodes, deadline);
     }
-    Started started = startWithin(o, deadline, waiting, impl_->base);
+    Started started = startWithin(o, deadline, waiting, impl_->base, abandoned);
     impl_->base = std::move(started.base);
     impl_->store = std::move(started.store);
     impl_->group = std::move(started.groups.group);
@@ -78,6 +79,7 @@ NodeGroup::NodeGroup(const NodeOptions& o)
     throw;
   } catch (const std::exception& e) {
     if (impl_->base) impl_->base->close();  // an abandoned start-up's next wait ends at once
+    if (abandoned && impl_->server) impl_->server->leaveToTheProcessEnd();
     const std::string where = tcp ? fmt::format("TCPStore {}:{}", o.master_addr, o.master_port)
                                   : "FileStore " + o.store_path;
     if (interruptDue())

@@ -134,7 +134,7 @@ void requireResolvable(const NodeOptions& o) {
 
 Started startWithin(const NodeOptions& o, const Deadline& deadline,
                     const std::function<void()>& waiting,
-                    c10::intrusive_ptr<RendezvousStore>& base) {
+                    c10::intrusive_ptr<RendezvousStore>& base, bool& abandoned) {
   auto shared_base = std::make_shared<c10::intrusive_ptr<RendezvousStore>>();
   auto base_mutex = std::make_shared<std::mutex>();
   auto task = std::make_shared<std::packaged_task<Started()>>([=] {
@@ -161,6 +161,7 @@ Started startWithin(const NodeOptions& o, const Deadline& deadline,
     std::lock_guard<std::mutex> lock(*base_mutex);
     base = *shared_base;
     thread.detach();
+    abandoned = true;
     throw;
   }
   thread.join();  // gone before any fork

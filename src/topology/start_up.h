@@ -40,10 +40,11 @@ struct Started {
 // c10d's own retries overshoot their timeouts, and no signal reaches them. At
 // the deadline or on interruptWaits() it throws and the thread is left to
 // finish alone; `base` is then what there is of the store, for the caller to
-// close (the thread's next store operation ends it). `waiting` runs between
-// the admission's polls (the waiting line).
+// close (the thread's next store operation ends it), and `abandoned` is set:
+// the thread may still hold a TCPStore client in a call. `waiting` runs
+// between the admission's polls and the caller's (the waiting line).
 Started startWithin(const NodeOptions& o, const Deadline& deadline,
                     const std::function<void()>& waiting,
-                    c10::intrusive_ptr<RendezvousStore>& base);
+                    c10::intrusive_ptr<RendezvousStore>& base, bool& abandoned);
 
 }  // namespace gradagg::detail

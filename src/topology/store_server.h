@@ -26,6 +26,10 @@ class StoreServer {
   // Kills and reaps the server; idempotent. Only the process that forked it
   // does (a copy made by fork() forgets it).
   void stop() noexcept;
+  // Forgets the server: it exits when this process does (it watches its
+  // parent). For a start-up abandoned with a client of it in a call: c10d
+  // 1.13's client thread aborts the process when its server goes first.
+  void leaveToTheProcessEnd() noexcept { pid_ = -1; }
 
  private:
   pid_t pid_ = -1;
