@@ -106,9 +106,8 @@ struct Aggregator::Impl {
         shard(std::move(fn)),
         binding(model) {
     if (!shard) throw InvalidArgument("shard function: expected a callable, got an empty ShardFn");
-    options.step_timeout = saturated(options.step_timeout);
-    options.shutdown_timeout = saturated(options.shutdown_timeout);
-    options.nodes.timeout = saturated(options.nodes.timeout);
+    for (auto* t : {&options.step_timeout, &options.shutdown_timeout, &options.nodes.timeout})
+      *t = saturated(*t);
     const int n = options.workers;
     topology = joinTopology(options, binding);
     LayoutSizes sizes;
