@@ -290,7 +290,11 @@ TEST_F(MultiNode, APeerThatStallsAnywhereInTheStartUpEndsNode0AtItsDeadline) {
     std::printf("stalled after %d ms: node 0 %s after %.2f s\n", ms,
                 results[0].outcome == kOk ? "trained" : "NodeFailed", results[0].seconds);
     std::fflush(stdout);  // before the next nodes are forked
-    EXPECT_LT(results[0].seconds, 2.0 + 1.5) << "stalled after " << ms << " ms: " << results[0].what;
+    // At the rendezvous: its deadline; in a step: the collective's own timeout
+    // after a start-up that ASan may make last a second or two.
+    const bool at_rendezvous = results[0].what.find("rendezvous") != std::string::npos;
+    EXPECT_LT(results[0].seconds, at_rendezvous ? 2.0 + 1.5 : 2.0 + 2.0 + 1.5)
+        << "stalled after " << ms << " ms: " << results[0].what;
   }
 }
 
