@@ -36,10 +36,8 @@ std::int64_t monotonicNowNs() noexcept {
   return std::int64_t{t.tv_sec} * 1000000000 + t.tv_nsec;
 }
 
-bool interruptRequested() noexcept { return g_interrupted.load(std::memory_order_acquire); }
-
 bool interruptDue(std::int64_t began_ns) noexcept {
-  if (!interruptRequested()) return false;
+  if (!g_interrupted.load(std::memory_order_acquire)) return false;
   if (began_ns == 0) return true;
   const std::int64_t since = std::max(g_requested_ns.load(std::memory_order_relaxed), began_ns);
   return monotonicNowNs() - since >= g_patience_ns.load(std::memory_order_relaxed);

@@ -9,8 +9,6 @@ namespace gradagg::detail {
 // CLOCK_MONOTONIC in ns (async-signal-safe).
 std::int64_t monotonicNowNs() noexcept;
 
-// A request is pending (whatever its patience).
-bool interruptRequested() noexcept;
 // A wait that began at `began_ns` (monotonicNowNs()) ends now: a request is
 // pending and its patience has passed since both the request and `began_ns`.
 // 0: the rendezvous, which ends at once whatever the patience (there is no

@@ -228,8 +228,7 @@ TEST_F(MultiNode, AnInterruptEndsTheWaitForASlowPeerAndThePeerFailsAtOnce) {
   run.timeout = 20s;
   run.interrupt_at_step = 0;
   run.interrupt_after_ms = 300;
-  NodeRun other = run;
-  other.node = 1;
+  NodeRun other = otherNode(run, run.token);
   other.interrupt_at_step = -1;
   other.interrupt_after_ms = -1;
   other.slow_first_layer_ms = 3000;  // node 0 waits for node 1 in the step's collective
@@ -250,8 +249,7 @@ TEST_F(MultiNode, AnInterruptWithPatienceLetsAStepWithALongComputeFinish) {
   run.steps = 6;  // 2.4 s in all: far past the patience counted from the call
   run.timeout = 20s;
   run.slow_first_layer_ms = 400;  // every step's backward, on both nodes
-  NodeRun other = run;
-  other.node = 1;
+  NodeRun other = otherNode(run, run.token);
   run.interrupt_at_step = 0;
   run.interrupt_after_ms = 50;  // long before node 0's first wait on node 1
   run.interrupt_patience_ms = 1500;
@@ -280,8 +278,7 @@ TEST_F(MultiNode, APeerThatStallsAnywhereInTheStartUpEndsNode0AtItsDeadline) {
     run.steps = 3;
     run.master_port = freePort();
     run.timeout = 2s;
-    NodeRun other = run;
-    other.node = 1;
+    NodeRun other = otherNode(run, run.token);
     other.stop_self_after_ms = ms;
     const auto results = runNodes({run, other});
     // kOk: node 1 had trained its steps before it stalled.
@@ -305,8 +302,7 @@ TEST_F(MultiNode, AHugeTimeoutSaturatesAndTheNodesTrain) {
   run.steps = 2;
   run.timeout = std::chrono::milliseconds(10'000'000'000'000);
   run.store = store("huge");
-  NodeRun other = run;
-  other.node = 1;
+  NodeRun other = otherNode(run, run.token);
   const auto results = runNodes({run, other});
   EXPECT_EQ(results[0].outcome, kOk) << results[0].what;
   EXPECT_EQ(results[1].outcome, kOk) << results[1].what;
