@@ -69,8 +69,8 @@ void addWhatRuns(CLI::App& app, Config& cfg, Cli& cli) {
   cli.warmup = app.add_option("--warmup", cfg.warmup, "unmeasured steps first")
                    ->check(CLI::NonNegativeNumber);
   app.add_option("-m,--model", cli.models,
-                 "comma list of all (the four MLPs), 807, 55k, 670k, 5.8m, layer lists like "
-                 "784-64-64-10, real (the next three), cnn, transformer, lstm");
+                 "comma list of all (the four MLPs), 807, 55k, 670k, 5.8m, 23m (for reduce-only), "
+                 "layer lists like 784-64-64-10, real (the next three), cnn, transformer, lstm");
   app.add_option("-b,--batch", cfg.batch,
                  "global batch for every model (default 16 for 807, 64 for cnn, 8 for "
                  "transformer, 16 for lstm, 256 otherwise)")

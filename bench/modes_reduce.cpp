@@ -90,13 +90,19 @@ Row runReduceOnly(const ModelSpec& spec, const Data&, const Config& cfg) {
   // over many calls (it then runs from cache, as it would step after step).
   const int repeat = static_cast<int>(std::max(1.0, 64e6 / ops.bytes));
   const int samples = std::max(5, std::min(30, cfg.steps));
-  std::vector<double> reduce_ms, stream_ms;
-  for (int s = -1; s < samples; ++s) {  // s == -1: warm-up; interleaved so both see the same noise
+  // The portable path (the compiler's loops, no streaming stores: the kernel
+  // before the hand-vectorised float32 paths) is timed alongside, for the ratio.
+  std::vector<double> reduce_ms, stream_ms, portable_ms;
+  for (int s = -1; s < samples; ++s) {  // s == -1: warm-up; interleaved so all see the same noise
     const double r = timeCalls(repeat, [&] { ops.reduce(); });
     const double st = timeCalls(repeat, [&] { ops.stream(); });
+    detail::setKernelPathForTests(detail::KernelPath::kPortable);
+    const double p = timeCalls(repeat, [&] { ops.reduce(); });
+    detail::setKernelPathForTests(detail::KernelPath::kBest);
     if (s < 0) continue;
     reduce_ms.push_back(r);
     stream_ms.push_back(st);
+    portable_ms.push_back(p);
   }
   if (!ops.sumsRight()) throw std::logic_error("reduce-only: wrong sums");
   const double gloo = glooAllreduceMs(cfg.placement, n, P, samples, peerThreads(cfg));
@@ -110,6 +116,8 @@ Row runReduceOnly(const ModelSpec& spec, const Data&, const Config& cfg) {
   row.extra["gbps_stream"] = ops.stream_bytes / (stream * 1e6);
   row.extra["stream_ms"] = stream;
   row.extra["bandwidth_fraction"] = row.extra["gbps"] / row.extra["gbps_stream"];
+  row.extra["portable_ms"] = median(portable_ms);
+  row.extra["portable_fraction"] = stream / row.extra["portable_ms"] * ops.bytes / ops.stream_bytes;
   row.extra["gloo_allreduce_ms"] = gloo;
   row.extra["gloo_over_reduce"] = gloo / row.ms_per_step;
   if (cfg.reduce_dtype != "float32") row.mode += "-" + cfg.reduce_dtype;  // reduce-only-bf16

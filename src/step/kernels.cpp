@@ -1,45 +1,16 @@
 #include "step/kernels.h"
 
-#include <algorithm>
-#include <array>
-#include <atomic>
 #include <cstring>
 
 #include <c10/util/Half.h>
 
-#include "step/layout.h"  // kMaxSlots
-
-// GCC on x86-64: function multiversioning and the hand-vectorised half paths.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define GRADAGG_X86_GCC 1
-#include <immintrin.h>
-#endif
+#include "step/kernel_loops.h"
 
 namespace gradagg::detail {
 
+std::atomic<KernelPath> kernel_path{KernelPath::kBest};
+
 namespace {
-
-// Blocks of kBlock elements keep the double accumulators in L1 and let the
-// compiler vectorise the inner loop over elements.
-constexpr std::size_t kBlock = 512;
-
-template <typename T>
-[[gnu::always_inline]] inline void weightedSumT(T* __restrict out, const void* const* in,
-                                                const double* w, int n, std::size_t count) {
-  double acc[kBlock];
-  for (std::size_t begin = 0; begin < count; begin += kBlock) {
-    const std::size_t len = std::min(kBlock, count - begin);
-    const T* __restrict first = static_cast<const T*>(in[0]) + begin;
-    const double w0 = w[0];
-    for (std::size_t k = 0; k < len; ++k) acc[k] = w0 * static_cast<double>(first[k]);
-    for (int i = 1; i < n; ++i) {
-      const T* __restrict src = static_cast<const T*>(in[i]) + begin;
-      const double wi = w[i];
-      for (std::size_t k = 0; k < len; ++k) acc[k] += wi * static_cast<double>(src[k]);
-    }
-    for (std::size_t k = 0; k < len; ++k) out[begin + k] = static_cast<T>(acc[k]);
-  }
-}
 
 // bf16 and fp16 (the upper half of a float32; IEEE binary16), as bits. Loads
 // widen exactly; stores round to nearest even (c10's rules: the same bits as
@@ -81,6 +52,15 @@ template <bool kBf16>
   }
 }
 
+// Elements [k, count) of a hand-vectorised half path: the portable loop.
+template <bool kBf16>
+void halfTail(std::uint16_t* out, const void* const* in, const double* w, int n, std::size_t count,
+              std::size_t k) {
+  const auto loop = [](std::uint16_t* o, const void* const* i, const double* ws, int m,
+                       std::size_t c) { weightedSumHalfT<kBf16>(o, i, ws, m, c); };
+  sumPart(loop, out, in, w, n, k, count);
+}
+
 // A float is NaN or infinite exactly when its exponent bits are all ones.
 // Integer OR-reductions vectorise; float sums would not (no reassociation).
 template <typename Bits>
@@ -89,30 +69,6 @@ bool allFiniteBits(const Bits* data, std::size_t count, Bits exponent) {
   for (std::size_t k = 0; k < count; ++k)
     bad |= static_cast<Bits>((data[k] & exponent) == exponent);
   return bad == 0;
-}
-
-// The loops compiled twice, for AVX2 and for the x86-64 baseline, picked at load
-// time. Neither uses FMA, so both round exactly alike: results do not depend on
-// which one runs.
-#ifdef GRADAGG_X86_GCC
-#define GRADAGG_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define GRADAGG_CLONES
-#endif
-
-// Elements [k, count) of a hand-vectorised half path: the portable loop.
-template <bool kBf16>
-void halfTail(std::uint16_t* out, const void* const* in, const double* w, int n, std::size_t count,
-              std::size_t k) {
-  if (k >= count) return;
-  std::array<const void*, kMaxSlots> rest{};
-  for (int i = 0; i < n; ++i) rest[i] = static_cast<const std::uint16_t*>(in[i]) + k;
-  weightedSumHalfT<kBf16>(out + k, rest.data(), w, n, count - k);
-}
-
-GRADAGG_CLONES void weightedSumF32(float* out, const void* const* in, const double* w, int n,
-                                   std::size_t count) {
-  weightedSumT(out, in, w, n, count);
 }
 
 GRADAGG_CLONES void weightedSumF64(double* out, const void* const* in, const double* w, int n,
@@ -189,17 +145,15 @@ __attribute__((target("avx512f,avx512bw"))) void weightedSumBf16Avx512(std::uint
 }
 #endif
 
-std::atomic<HalfPath> half_path{HalfPath::kBest};
-
 void weightedSumBf16(std::uint16_t* out, const void* const* in, const double* w, int n,
                      std::size_t count) {
 #ifdef GRADAGG_X86_GCC
   static const bool avx512 =
       __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  const HalfPath path = half_path.load(std::memory_order_relaxed);
-  if (avx512 && path == HalfPath::kBest) return weightedSumBf16Avx512(out, in, w, n, count);
-  if (avx2 && path != HalfPath::kPortable) return weightedSumBf16Avx2(out, in, w, n, count);
+  const KernelPath path = kernel_path.load(std::memory_order_relaxed);
+  if (avx512 && path == KernelPath::kBest) return weightedSumBf16Avx512(out, in, w, n, count);
+  if (avx2 && path != KernelPath::kPortable) return weightedSumBf16Avx2(out, in, w, n, count);
 #endif
   weightedSumBf16Portable(out, in, w, n, count);
 }
@@ -235,7 +189,7 @@ void weightedSumF16(std::uint16_t* out, const void* const* in, const double* w, 
                     std::size_t count) {
 #ifdef GRADAGG_X86_GCC
   static const bool f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
-  if (f16c && half_path.load(std::memory_order_relaxed) != HalfPath::kPortable)
+  if (f16c && kernel_path.load(std::memory_order_relaxed) != KernelPath::kPortable)
     return weightedSumF16C(out, in, w, n, count);
 #endif
   weightedSumF16Portable(out, in, w, n, count);
@@ -243,7 +197,7 @@ void weightedSumF16(std::uint16_t* out, const void* const* in, const double* w, 
 
 }  // namespace
 
-void setHalfPathForTests(HalfPath path) { half_path.store(path); }
+void setKernelPathForTests(KernelPath path) { kernel_path.store(path); }
 
 std::size_t elementBytes(ElementType type) {
   switch (type) {

@@ -23,10 +23,11 @@ void scaleInPlace(ElementType type, void* data, std::size_t count, double factor
 void weightedSum(ElementType type, void* out, const void* const* in, const double* w, int n,
                  std::size_t count);
 
-// bf16 and fp16 have hand-vectorised paths (AVX-512, AVX2 + F16C) picked at
-// run time; all give the same bits. Tests force each in turn; kBest otherwise.
-enum class HalfPath { kBest, kAvx2, kPortable };
-void setHalfPathForTests(HalfPath path);
+// float32, bf16 and fp16 have hand-vectorised paths (AVX-512, AVX2, F16C)
+// picked at run time; all give the same bits. Tests force each in turn (kAvx2:
+// no AVX-512; kPortable: the compiler's loops); kBest otherwise.
+enum class KernelPath { kBest, kAvx2, kPortable };
+void setKernelPathForTests(KernelPath path);
 
 // True when none of the `count` elements is NaN or infinite.
 bool allFinite(ElementType type, const void* data, std::size_t count);

@@ -47,8 +47,9 @@ TEST(SplitRanges, OfARangeCoverItOnLineBoundaries) {
   EXPECT_EQ(at, tail.end);
 }
 
+// `shift` elements into the output: a result that does not start on a line.
 template <typename T>
-void checkWeightedSum(ElementType type, int n, std::size_t count) {
+void checkWeightedSum(ElementType type, int n, std::size_t count, std::size_t shift = 0) {
   std::mt19937 rng(n * 1000 + static_cast<int>(count));
   std::normal_distribution<double> normal;
   std::vector<std::vector<T>> in(n, std::vector<T>(count));
@@ -59,21 +60,41 @@ void checkWeightedSum(ElementType type, int n, std::size_t count) {
     ptrs.push_back(in[i].data());
     w[i] = (i + 1.0) / (n * (n + 1) / 2.0);
   }
-  std::vector<T> out(count, T(-1));
-  weightedSum(type, out.data(), ptrs.data(), w.data(), n, count);
+  std::vector<T> buffer(count + shift + 1, T(-1));
+  T* out = buffer.data() + shift;
+  weightedSum(type, out, ptrs.data(), w.data(), n, count);
   for (std::size_t k = 0; k < count; ++k) {
     double want = 0;
     for (int i = 0; i < n; ++i) want += w[i] * static_cast<double>(in[i][k]);
-    ASSERT_EQ(out[k], static_cast<T>(want)) << "element " << k;  // same order, same rounding
+    ASSERT_EQ(out[k], static_cast<T>(want)) << "element " << k << " of " << count << ", n = " << n;
   }
+  EXPECT_EQ(out[count], T(-1)) << "past the end";
 }
 
 TEST(WeightedSum, EqualsThePlainLeftToRightSumForEveryCountAndWorkerCount) {
-  for (int n : {1, 2, 3, 4, 9})
-    for (std::size_t count : {0u, 1u, 7u, 511u, 512u, 513u, 5000u}) {
-      checkWeightedSum<float>(ElementType::kFloat32, n, count);
-      checkWeightedSum<double>(ElementType::kFloat64, n, count);
+  // Every vectorised path this CPU has, and the portable one: the same bits.
+  for (const KernelPath path : {KernelPath::kBest, KernelPath::kAvx2, KernelPath::kPortable}) {
+    setKernelPathForTests(path);
+    for (int n : {1, 2, 3, 4, 9})
+      for (std::size_t count : {0u, 1u, 7u, 15u, 17u, 511u, 512u, 513u, 5000u}) {
+        checkWeightedSum<float>(ElementType::kFloat32, n, count, count % 3);
+        checkWeightedSum<double>(ElementType::kFloat64, n, count);
+      }
+  }
+  setKernelPathForTests(KernelPath::kBest);
+}
+
+TEST(WeightedSum, Float32ResultsPastTheCachesStreamToTheSameBits) {
+  // From 8 MiB of result on, float32 stores stream (non-temporal, 64-byte
+  // aligned): the head before the first line, the lines and the tail.
+  const std::size_t count = (std::size_t{8} << 20) / sizeof(float) + 13;
+  for (const KernelPath path : {KernelPath::kBest, KernelPath::kAvx2})
+    for (std::size_t shift : {0u, 1u, 5u}) {
+      setKernelPathForTests(path);
+      checkWeightedSum<float>(ElementType::kFloat32, 2, count, shift);
+      checkWeightedSum<float>(ElementType::kFloat32, 3, count + shift, shift);
     }
+  setKernelPathForTests(KernelPath::kBest);
 }
 
 template <typename T>
@@ -167,8 +188,8 @@ void checkHalfWeightedSum(ElementType type, int n, std::size_t count) {
 
 TEST(WeightedSum, BFloat16AndFloat16SumInFloatAndRoundOnceAsLibTorchRounds) {
   // Every vectorised path this CPU has, and the portable one: the same bits.
-  for (const HalfPath path : {HalfPath::kBest, HalfPath::kAvx2, HalfPath::kPortable}) {
-    setHalfPathForTests(path);
+  for (const KernelPath path : {KernelPath::kBest, KernelPath::kAvx2, KernelPath::kPortable}) {
+    setKernelPathForTests(path);
     for (int n : {1, 2, 3, 5}) {
       for (std::size_t count : {1u, 7u, 15u, 16u, 17u, 512u, 513u, 2000u}) {
         checkHalfWeightedSum<c10::BFloat16>(ElementType::kBFloat16, n, count);
@@ -176,7 +197,7 @@ TEST(WeightedSum, BFloat16AndFloat16SumInFloatAndRoundOnceAsLibTorchRounds) {
       }
     }
   }
-  setHalfPathForTests(HalfPath::kBest);
+  setKernelPathForTests(KernelPath::kBest);
   // NaN stays NaN through the rounding.
   const std::uint16_t nan = c10::BFloat16(std::numeric_limits<float>::quiet_NaN()).x;
   const void* p = &nan;
