@@ -1,8 +1,11 @@
 #include "kernels.h"
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -14,8 +17,10 @@ namespace {
 
 // n persistent participants (this thread and n - 1 others) that each run part r
 // of a job, as the n workers each reduce their own range every step. Between
-// jobs the threads spin (yielding), as the workers do between steps, so a call
-// times the kernel, not thread start-up.
+// jobs the threads spin (yielding) for up to kSpin, as the workers do between
+// steps, so back-to-back calls time the kernel, not wake-ups; then they sleep.
+// (The pool outlives the reduce-only rows: threads that yielded for ever took
+// 20-45% of a core from every row the bench ran after them.)
 class PartPool {
  public:
   explicit PartPool(int n) : n_(n) {
@@ -23,7 +28,7 @@ class PartPool {
   }
   ~PartPool() {
     stop_ = true;
-    generation_.fetch_add(1);
+    publish();
     for (auto& t : threads_) t.join();
   }
   int size() const { return n_; }
@@ -31,18 +36,36 @@ class PartPool {
   void run(const std::function<void(int)>& part) {
     part_ = &part;
     pending_.store(n_ - 1);
-    generation_.fetch_add(1);
+    publish();
     part(0);
     while (pending_.load() != 0) std::this_thread::yield();
   }
 
  private:
+  static constexpr std::chrono::microseconds kSpin{200};
+
+  // A new job (or the stop): under the mutex, so a sleeping thread cannot miss it.
+  void publish() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      generation_.fetch_add(1);
+    }
+    wake_.notify_all();
+  }
+
+  unsigned awaitJob(unsigned seen) {
+    const auto until = std::chrono::steady_clock::now() + kSpin;
+    while (generation_.load() == seen && std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
+    std::unique_lock<std::mutex> lock(mutex_);
+    wake_.wait(lock, [&] { return generation_.load() != seen; });
+    return generation_.load();
+  }
+
   void serve(int r) {
     unsigned seen = 0;
     for (;;) {
-      unsigned g;
-      while ((g = generation_.load()) == seen) std::this_thread::yield();
-      seen = g;
+      seen = awaitJob(seen);
       if (stop_) return;
       (*part_)(r);
       pending_.fetch_sub(1);
@@ -55,6 +78,8 @@ class PartPool {
   std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};
   const std::function<void(int)>* part_ = nullptr;
+  std::mutex mutex_;
+  std::condition_variable wake_;
 };
 
 PartPool& pool(int n) {
