@@ -99,6 +99,9 @@ void addHowItRuns(CLI::App& app, Config& cfg) {
   app.add_option("--message-bytes", cfg.message_bytes,
                  "shm: step(message) with one float32 tensor of this many bytes (0: step())")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
+  app.add_flag("!--glibc-worker-heap", cfg.keep_worker_memory,
+               "shm and shm-2nodes*: workers with glibc's malloc settings as inherited at fork "
+               "(Options::keep_worker_memory = false)");
   app.add_option("--reduce-dtype", cfg.reduce_dtype,
                  "element type of the reduce-only slots: float32, bf16 or fp16")
       ->check(CLI::IsMember({"float32", "bf16", "fp16"}));

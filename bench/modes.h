@@ -33,6 +33,7 @@ struct Config {
   std::string reduce_dtype = "float32";  // reduce-only: float32, bf16 or fp16
   int accumulate = 1;                    // shm: micro-batches per worker and step
   std::int64_t message_bytes = 0;        // shm: a message of this many bytes with each step
+  bool keep_worker_memory = true;        // shm, shm-2nodes*: Options::keep_worker_memory
   Placement placement;                   // the nodes' and Gloo peers' CPUs and network
 };
 

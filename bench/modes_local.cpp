@@ -110,6 +110,7 @@ Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
   gradagg::Options options;
   options.workers = cfg.workers;
   options.accumulation_steps = cfg.accumulate;
+  options.keep_worker_memory = cfg.keep_worker_memory;
   options.message_bytes = std::max<std::uint64_t>(options.message_bytes, cfg.message_bytes + 4096);
   gradagg::Aggregator agg(*model, shmShard(model, data, spec), options);
   gradagg::Message message;  // the parent's per-step data, copied into the segment each step

@@ -40,6 +40,7 @@ gradagg::Options nodeOptions(const NodeRun& run, int node, const std::string& st
                              const std::string& interface) {
   gradagg::Options options;
   options.workers = run.perNode();
+  options.keep_worker_memory = run.cfg.keep_worker_memory;
   options.nodes.nodes = 2;
   options.nodes.node_rank = node;
   options.nodes.store_path = store_path;

@@ -137,6 +137,14 @@ struct Options {
   // the workers own the cores, and libgomp threads of a parent that spin after
   // its optimizer step would steal them. 0 leaves the parent's setting alone.
   int parent_threads = 1;
+  // Each worker keeps the memory its steps free for its next step: glibc's
+  // malloc serves chunks up to 32 MiB from the heap and does not give the heap
+  // back to the kernel (runtime/heap.h). Otherwise a step's large temporaries
+  // may be mapped, faulted in and zeroed anew every step, depending on what
+  // the parent had freed before the fork (a CNN's step ran 1.3-2x slower here:
+  // docs/benchmark.md). Each worker then holds its peak heap until it exits.
+  // false: glibc's defaults, as inherited at fork. The parent is never changed.
+  bool keep_worker_memory = true;
   // Deadline for every worker to finish a step (and to start up); a late worker
   // raises StepTimeout naming its rank. Over 30 days: 30 days.
   std::chrono::milliseconds step_timeout{std::chrono::minutes(5)};

@@ -45,7 +45,8 @@ __all__ = [
 
 # The keyword options that are Options fields of the same name (nodes aside).
 _OPTION_NAMES = ("workers", "weighting", "buffers", "threads_per_worker", "parent_threads",
-                 "step_timeout", "shutdown_timeout", "non_finite", "max_consecutive_skips",
+                 "keep_worker_memory", "step_timeout", "shutdown_timeout", "non_finite",
+                 "max_consecutive_skips",
                  "max_restarts", "accumulation_steps", "seed_workers", "seed",
                  "check_parameter_list", "start_step", "message_bytes")
 
@@ -76,6 +77,9 @@ class Aggregator(_Aggregator):
       threads_per_worker: intra-op threads per worker; 0: max(1, cores / workers).
       parent_threads: the parent's intra-op threads while the aggregator lives (1;
         0 leaves it alone); restored by close().
+      keep_worker_memory: each worker keeps the memory its steps free for the next
+        step (glibc malloc: no per-step mmap, page faults and zeroing of large
+        temporaries; True). The parent's own malloc is never changed.
       step_timeout: seconds a worker may take for a step (300); then StepTimeout.
       shutdown_timeout: seconds close() waits for the workers before killing them (2).
       non_finite: "raise" (NonFiniteGradient) or "skip" (the step's .grad stay None).
@@ -99,8 +103,8 @@ class Aggregator(_Aggregator):
     """
 
     def __init__(self, model, shard, *, workers=2, weighting="samples", buffers="rank0",
-                 threads_per_worker=0, parent_threads=1, step_timeout=300.0,
-                 shutdown_timeout=2.0, non_finite="raise", max_consecutive_skips=10,
+                 threads_per_worker=0, parent_threads=1, keep_worker_memory=True,
+                 step_timeout=300.0, shutdown_timeout=2.0, non_finite="raise", max_consecutive_skips=10,
                  max_restarts=0, accumulation_steps=1, seed_workers=True, seed=0,
                  check_parameter_list=True, start_step=0, message_bytes=65536, nodes=None):
         given = locals()

@@ -166,6 +166,8 @@ const std::tuple kOptionFields{
     field("buffers", &Options::buffers, asName(kBufferSyncs)),
     field("threads_per_worker", &Options::threads_per_worker),
     field("parent_threads", &Options::parent_threads),
+    field("keep_worker_memory", &Options::keep_worker_memory,
+          "Workers keep freed memory for the next step (glibc malloc settings)."),
     field("step_timeout", &Options::step_timeout, asSeconds()),
     field("shutdown_timeout", &Options::shutdown_timeout, asSeconds()),
     field("accumulation_steps", &Options::accumulation_steps),

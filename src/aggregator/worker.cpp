@@ -34,6 +34,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "runtime/control.h"
+#include "runtime/heap.h"
 #include "runtime/mix.h"
 #include "runtime/serve.h"
 #include "runtime/sync.h"
@@ -103,6 +104,7 @@ class Worker final : public ServedWorker {
     const std::string bad = validateHeader(map_.base, s_.segment->size(), &s_.layout);
     if (!bad.empty()) throw InternalError("gradagg: worker found a bad segment header: " + bad);
     slot_.setPid(static_cast<std::int32_t>(::getpid()));
+    if (s_.options->keep_worker_memory) keepFreedMemory();
     at::set_num_threads(s_.threads);
     // The parameters are the parent's master values: read them, never write them.
     s_.segment->protectReadOnly(map_.snapshotParams(), map_.snapshotBytes());
