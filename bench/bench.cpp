@@ -58,6 +58,7 @@ struct Cli {
   std::string models = "all", modes = "all";
   CLI::Option* steps = nullptr;
   CLI::Option* warmup = nullptr;
+  CLI::Option* rounds = nullptr;
 };
 
 // The options, in the order --help lists them: first what runs and how much of it,
@@ -68,6 +69,12 @@ void addWhatRuns(CLI::App& app, Config& cfg, Cli& cli) {
                   ->check(CLI::PositiveNumber);
   cli.warmup = app.add_option("--warmup", cfg.warmup, "unmeasured steps first")
                    ->check(CLI::NonNegativeNumber);
+  cli.rounds = app.add_option("--rounds", cfg.rounds,
+                              "run each model's modes this many times in turn (single, shm, "
+                              "gloo, ..., single, shm, ...), the steps split among the rounds, "
+                              "each round with its own warm-up; a row is the median round and "
+                              "its speedup the median of the rounds' (default 3; --short 1)")
+                   ->check(CLI::Range(1, 100));
   app.add_option("-m,--model", cli.models,
                  "comma list of all (the four MLPs), 807, 55k, 670k, 5.8m, 23m (for reduce-only), "
                  "layer lists like 784-64-64-10, real (the next three), cnn, transformer, lstm");
@@ -157,6 +164,7 @@ std::optional<int> parseCommandLine(int argc, char** argv, Config& cfg) {
     if (cfg.short_run) {
       if (!cli.steps->count()) cfg.steps = 3;
       if (!cli.warmup->count()) cfg.warmup = 1;
+      if (!cli.rounds->count()) cfg.rounds = 1;
       if (cli.models == "all") cli.models = "807,55k";
     }
     cfg.models = parseModelOption(cli.models);
@@ -211,16 +219,15 @@ void printHeader(const Machine& machine, int argc, char** argv, const Config& cf
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
   printMachine(std::cout, machine, command);
   std::cout << "workers " << cfg.workers << ", " << cfg.steps << " steps after " << cfg.warmup
-            << " warm-up, single-process threads " << cfg.threads << ", peer threads "
+            << " warm-up in " << cfg.rounds << " round(s), single-process threads " << cfg.threads << ", peer threads "
             << peerThreads(cfg) << "\n\n"
             << std::flush;
 }
 
-// Every chosen mode on one model, in kModes' order.
-void runModel(const ModelSpec& spec, const Config& cfg, Recorder& out) {
-  std::cerr << "model " << spec.name << " (" << paramCount(spec) << " params, batch " << spec.batch
-            << ")\n";
-  const Data data = makeData(spec);
+// One round: every chosen mode on one model, in kModes' order; the speedups
+// against this round's single.
+std::vector<Row> runRound(const ModelSpec& spec, const Data& data, const Config& cfg) {
+  std::vector<Row> rows;
   std::optional<double> single_ms;
   for (const Mode& mode : kModes) {
     if (!cfg.modes.count(mode.name)) continue;
@@ -231,8 +238,48 @@ void runModel(const ModelSpec& spec, const Config& cfg, Recorder& out) {
     } else if (mode.speedup == Speedup::kAgainstSingle && single_ms && row.ms_per_step > 0) {
       row.speedup_vs_single = *single_ms / row.ms_per_step;
     }
-    out.record(row);
+    rows.push_back(std::move(row));
   }
+  return rows;
+}
+
+// One mode's rows of every round as one: the round with the median ms per
+// step, the steps of all rounds, the median of the rounds' speedups (each
+// against the single row of its own round, so a machine that slows down
+// between rounds moves both sides of a ratio alike), and the rounds' spread.
+Row mergeRounds(std::vector<Row> rounds) {
+  std::sort(rounds.begin(), rounds.end(),
+            [](const Row& a, const Row& b) { return a.ms_per_step < b.ms_per_step; });
+  Row row = rounds[rounds.size() / 2];
+  if (rounds.size() == 1) return row;
+  std::vector<double> speedups, ms;
+  row.steps = 0;
+  for (const Row& r : rounds) {
+    row.steps += r.steps;
+    ms.push_back(r.ms_per_step);
+    if (r.speedup_vs_single) speedups.push_back(*r.speedup_vs_single);
+  }
+  if (!speedups.empty()) row.speedup_vs_single = median(speedups);
+  row.extra["rounds"] = static_cast<double>(rounds.size());
+  row.extra["round_min_ms"] = ms.front();
+  row.extra["round_max_ms"] = ms.back();
+  return row;
+}
+
+// Every chosen mode on one model, in --rounds rounds.
+void runModel(const ModelSpec& spec, const Config& cfg, Recorder& out) {
+  std::cerr << "model " << spec.name << " (" << paramCount(spec) << " params, batch " << spec.batch
+            << ")\n";
+  const Data data = makeData(spec);
+  Config round = cfg;
+  round.steps = (cfg.steps + cfg.rounds - 1) / cfg.rounds;
+  std::vector<std::vector<Row>> by_mode;  // [mode][round]
+  for (int r = 0; r < cfg.rounds; ++r) {
+    std::vector<Row> rows = runRound(spec, data, round);
+    by_mode.resize(rows.size());
+    for (std::size_t m = 0; m < rows.size(); ++m) by_mode[m].push_back(std::move(rows[m]));
+  }
+  for (std::vector<Row>& rounds : by_mode) out.record(mergeRounds(std::move(rounds)));
 }
 
 // --check on the 807 and 55k models; true when shm and gloo agree on both.

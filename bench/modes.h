@@ -34,6 +34,7 @@ struct Config {
   int accumulate = 1;                    // shm: micro-batches per worker and step
   std::int64_t message_bytes = 0;        // shm: a message of this many bytes with each step
   bool keep_worker_memory = true;        // shm, shm-2nodes*: Options::keep_worker_memory
+  int rounds = 3;  // each model's modes run this many times in turn, steps split among them
   Placement placement;                   // the nodes' and Gloo peers' CPUs and network
 };
 
