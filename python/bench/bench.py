@@ -10,8 +10,10 @@ measured as ms per optimizer step (forward, backward, gradient exchange, step):
   cpp      the C++ core on the same model (build/bench/gradagg-bench, shm mode):
            the gradagg row minus this one is what the Python layer costs per step
 The models: ReLU MLPs (807, 55k, 670k) and the C++ bench's real networks (cnn, transformer,
-lstm, or real for the three: nets.py, the same as bench/nets.h). Prints a markdown table;
---json writes one JSON object per row (JSON Lines).
+lstm, or real for the three: nets.py, the same as bench/nets.h). Each model's modes run
+--rounds times in turn (3), the steps split among them: a row is the mode's median round and
+its speedup the median of the rounds' own. Prints a markdown table; --json writes one JSON
+object per row (JSON Lines).
 
     PYTHONPATH=build/python python3 python/bench/bench.py --json build/python-bench.jsonl
     PYTHONPATH=build/python python3 python/bench/bench.py -m real
@@ -157,11 +159,24 @@ def run_cpp(spec, size, steps, warmup, workers, build, mode="shm", threads=None)
         extra = ["-t", str(threads)] if threads else []
         subprocess.run([exe, "-m", nets.label(spec), "-b", str(size), "--modes", mode,
                         "-w", str(workers), "-s", str(steps), "--warmup", str(warmup),
-                        "--json", out] + extra, check=True, capture_output=True, timeout=1800)
+                        "--rounds", "1", "--json", out] + extra, check=True, capture_output=True, timeout=1800)
         with open(out) as f:
             row = json.loads(f.readline())
     return {"ms_per_step": row["ms_per_step"], "p90_ms": row["p90_ms"], "median_ms": None,
             "procs": workers, "threads": row["threads"]}
+
+
+def run_mode(parser, mode, spec, size, steps, warmup, args):
+    """One mode's result on one model, or None for cpp without a built gradagg-bench."""
+    if mode == "single":
+        return run_single(spec, size, steps, warmup)
+    if mode == "gradagg":
+        return run_gradagg(spec, size, steps, warmup, args.workers)
+    if mode == "ddp":
+        return run_ddp(spec, size, steps, warmup, args.workers)
+    if mode == "cpp":
+        return run_cpp(spec, size, steps, warmup, args.workers, args.build)
+    parser.error(f"unknown mode {mode}")
 
 
 def main():
@@ -176,6 +191,10 @@ def main():
                         help="measured steps for every model (default: its own, scaled)")
     parser.add_argument("--warmup", type=int,
                         help="unmeasured steps first (default: a tenth of the steps, at least 1)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="run each model's modes this many times in turn, the steps split "
+                             "among them; a row is its median round and its speedup the median "
+                             "of the rounds' own (as gradagg-bench --rounds)")
     parser.add_argument("--json", help="write one JSON object per row here (JSON Lines)")
     parser.add_argument("--build", default=os.path.join(ROOT, "build"),
                         help="build folder with bench/gradagg-bench, for the cpp rows")
@@ -206,28 +225,30 @@ def main():
         steps = args.steps or max(3, int(steps * args.steps_scale))
         warmup = args.warmup if args.warmup is not None else max(1, steps // 10)
         params = sum(p.numel() for p in nets.build(spec).parameters())
-        single_ms = None
-        for mode in modes:
-            if mode == "single":
-                r = run_single(spec, size, steps, warmup)
-            elif mode == "gradagg":
-                r = run_gradagg(spec, size, steps, warmup, args.workers)
-            elif mode == "ddp":
-                r = run_ddp(spec, size, steps, warmup, args.workers)
-            elif mode == "cpp":
-                r = run_cpp(spec, size, steps, warmup, args.workers, args.build)
+        per_round = max(1, -(-steps // args.rounds))
+        rounds = {}  # mode -> [(result, speedup against that round's single)]
+        for _ in range(args.rounds):
+            single_ms = None
+            for mode in modes:
+                r = run_mode(parser, mode, spec, size, per_round, warmup, args)
                 if r is None:
                     continue
-            else:
-                parser.error(f"unknown mode {mode}")
-            if mode == "single":
-                single_ms = r["ms_per_step"]
-            speedup = single_ms / r["ms_per_step"] if single_ms else None
+                if mode == "single":
+                    single_ms = r["ms_per_step"]
+                rounds.setdefault(mode, []).append(
+                    (r, single_ms / r["ms_per_step"] if single_ms else None))
+        for mode, results in rounds.items():
+            results.sort(key=lambda rs: rs[0]["ms_per_step"])
+            r = results[len(results) // 2][0]
+            ratios = [sp for _, sp in results if sp is not None]
+            speedup = statistics.median(ratios) if ratios else None
             row = {"model": nets.label(spec), "params": params, "batch": size,
-                   "mode": mode, "steps": steps, **r,
+                   "mode": mode, "steps": per_round * len(results), **r,
                    "samples_per_s": size / r["ms_per_step"] * 1e3,
-                   "speedup_vs_single": speedup, "cores": os.cpu_count(), "cpu": cpu,
-                   "torch": torch.__version__}
+                   "speedup_vs_single": speedup, "rounds": len(results),
+                   "round_min_ms": results[0][0]["ms_per_step"],
+                   "round_max_ms": results[-1][0]["ms_per_step"],
+                   "cores": os.cpu_count(), "cpu": cpu, "torch": torch.__version__}
             rows.append(row)
             med = f"{r['median_ms']:.3f}" if r.get("median_ms") is not None else ""
             sp = f"{speedup:.2f}x" if speedup else ""

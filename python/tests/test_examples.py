@@ -42,14 +42,18 @@ def test_fashion_mnist_missing_data_names_the_file_and_the_package(tmp_path):
 
 
 def test_bench_short_run_writes_a_row_per_model_and_mode(tmp_path):
-    """An MLP and a real model (BatchNorm, Dropout) at one step in every Python mode."""
+    """An MLP and a real model (BatchNorm, Dropout) at one step in every Python mode, in two
+    rounds (each model's modes twice in turn, one row per mode)."""
     out = tmp_path / "bench.jsonl"
-    r = run(BENCH, "-m", "807,cnn", "--modes", "single,gradagg,ddp", "--steps", "1",
-            "--warmup", "1", "--json", str(out))
+    r = run(BENCH, "-m", "807,cnn", "--modes", "single,gradagg,ddp", "--steps", "2",
+            "--warmup", "1", "--rounds", "2", "--json", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(row["model"], row["mode"]) for row in rows] == [
         (model, mode) for model in ("784-1-1-10", "cnn") for mode in ("single", "gradagg", "ddp")]
     assert {row["model"]: row["params"] for row in rows} == {"784-1-1-10": 807, "cnn": 421834}
     assert {row["model"]: row["batch"] for row in rows} == {"784-1-1-10": 16, "cnn": 64}
-    assert all(row["steps"] == 1 and row["ms_per_step"] > 0 for row in rows), rows
+    assert all(row["steps"] == 2 and row["rounds"] == 2 and row["ms_per_step"] > 0
+               and row["round_min_ms"] <= row["ms_per_step"] <= row["round_max_ms"]
+               for row in rows), rows
+    assert rows[0]["speedup_vs_single"] == 1.0
