@@ -111,6 +111,9 @@ struct PopulationOptions {
   std::string lineage_path;    // JSON Lines, one line per copy, appended by the parent
   std::string resume_from;     // a checkpoint() file: every member starts from it
   int threads_per_worker = 0;  // 0: max(1, cores / workers)
+  // Each member keeps the memory its steps free (glibc malloc), as
+  // Options::keep_worker_memory does for an Aggregator's workers.
+  bool keep_worker_memory = true;
   std::chrono::milliseconds step_timeout{std::chrono::minutes(5)};  // per generation phase
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(2)};
   // A member that dies during a generation is forked again, from its latest

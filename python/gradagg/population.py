@@ -69,7 +69,8 @@ class Population(_Population):
     ``explore="perturb"`` (x0.8 or x1.2 each; ``"none"``; ``"resample"`` with
     ``resample(hp, rng) -> dict``), ``optimizer_state_bytes=1 << 20``,
     ``lineage_path=""`` (one JSON line per copy), ``resume_from=""``,
-    ``threads_per_worker=0``, ``step_timeout=300.0`` and
+    ``threads_per_worker=0``, ``keep_worker_memory=True`` (each member keeps the
+    memory its steps free, as the Aggregator's workers), ``step_timeout=300.0`` and
     ``shutdown_timeout=2.0`` (seconds), ``max_restarts=0``.
 
     Raises ``InvalidArgument`` for bad input; ``generation()`` raises

@@ -213,6 +213,7 @@ PopulationOptions optionsOf(const Policy& policy, const py::kwargs& kw) {
     else if (k == "lineage_path") o.lineage_path = py::str(value);
     else if (k == "resume_from") o.resume_from = py::str(value);
     else if (k == "threads_per_worker") o.threads_per_worker = value.cast<int>();
+    else if (k == "keep_worker_memory") o.keep_worker_memory = value.cast<bool>();
     else if (k == "step_timeout") o.step_timeout = secondsOf(value, "step_timeout");
     else if (k == "shutdown_timeout") o.shutdown_timeout = secondsOf(value, "shutdown_timeout");
     else if (k == "max_restarts") o.max_restarts = value.cast<int>();

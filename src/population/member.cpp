@@ -30,6 +30,7 @@
 #include <torch/serialize/archive.h>
 
 #include "runtime/control.h"
+#include "runtime/heap.h"
 #include "runtime/serve.h"
 #include "runtime/test_seam.h"
 #include "population/member.h"
@@ -276,6 +277,7 @@ class Member final : public ServedWorker {
 }  // namespace
 
 int runMember(const MemberSetup& setup) {
+  if (setup.options->keep_worker_memory) keepFreedMemory();
   at::set_num_threads(setup.threads);
   Member member(setup);
   return member.run();
