@@ -16,7 +16,9 @@
 // in the same process would be refused. A forked child (a worker) closes its
 // copies of the descriptors at once (pthread_atfork), so that it never keeps a
 // lock alive after its parent is gone; it ignores the entries it inherits
-// (they are its parent's) and releases none.
+// (they are its parent's) and releases none. Until the child first runs it
+// shares the lock, so an acquirer refused by a holder that is dead (on this
+// host) tries again for up to a second before it names it.
 #include <gradagg/checkpoint.h>
 
 #include <fcntl.h>
@@ -104,22 +106,37 @@ std::string field(const std::string& text, const std::string& key) {
 }
 
 // Who holds the lock on `fd`'s file, from its text: "process 1234" (" on host
-// h" when not this host). A holder that has just locked may not have written
-// its pid yet, or the text may be a killed holder's: read again for up to a
-// second while the pid is missing or (on this host) not a live process.
-std::string holderOf(int fd) {
+// h" when not this host), or "" when the text names no live holder: it may be
+// a holder's that has just locked and not yet written its pid, or a killed
+// holder's whose forked child has not yet closed its copy of the descriptor
+// (the child closes it at once, but only once it first runs).
+std::string liveHolderOf(int fd) {
   const std::string here = hostName();
+  const std::string text = readAll(fd);
+  const std::string pid = field(text, "pid"), host = field(text, "host");
+  const bool parsed = !pid.empty() && pid.size() <= 9 &&
+                      pid.find_first_not_of("0123456789") == std::string::npos;
+  if (!parsed) return "";
+  if (!host.empty() && host != here) return fmt::format("process {} on host {}", pid, host);
+  if (::kill(std::stoi(pid), 0) == 0 || errno != ESRCH) return fmt::format("process {}", pid);
+  return "";
+}
+
+// flock(LOCK_EX | LOCK_NB) on `fd`; while it is refused and no live holder is
+// named, tries again every 10 ms for up to a second. 0, or the errno of the
+// refusal with `holder` set to whom it names ("another process" when none).
+int lockOrName(int fd, std::string& holder) {
   for (int attempt = 0;; ++attempt) {
-    const std::string text = readAll(fd);
-    const std::string pid = field(text, "pid"), host = field(text, "host");
-    const bool parsed = !pid.empty() && pid.size() <= 9 &&
-                        pid.find_first_not_of("0123456789") == std::string::npos;
-    const bool elsewhere = !host.empty() && host != here;
-    const bool live = parsed && (elsewhere || ::kill(std::stoi(pid), 0) == 0 || errno != ESRCH);
-    if (live || attempt == 100) {
-      if (!parsed) return "another process";
-      return elsewhere ? fmt::format("process {} on host {}", pid, host)
-                       : fmt::format("process {}", pid);
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return 0;
+    const int err = errno;
+    if (err == EINTR) continue;
+    if (err != EWOULDBLOCK) return err;
+    holder = liveHolderOf(fd);
+    if (!holder.empty()) return err;
+    if (attempt == 100) {
+      const std::string pid = field(readAll(fd), "pid");
+      holder = pid.empty() ? "another process" : fmt::format("process {}", pid);
+      return err;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -157,17 +174,12 @@ CheckpointLock::CheckpointLock(const std::string& checkpoint_path) {
         return;
       }
     }
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      const int err = errno;
-      if (err == EINTR) {
-        ::close(fd);
-        continue;
-      }
+    std::string holder;
+    if (const int err = lockOrName(fd, holder); err != 0) {
       if (noLocksHere(err)) {  // this file system has no locks: nothing is held
         ::close(fd);
         return;
       }
-      const std::string holder = err == EWOULDBLOCK ? holderOf(fd) : "";
       ::close(fd);
       if (err != EWOULDBLOCK)
         fail(checkpoint_path,

@@ -4,6 +4,7 @@
 // never overwritten; dead writers' temporary files are still cleaned up.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -156,15 +157,15 @@ TEST_F(CheckpointLockTest, AfterTheHolderIsDestroyedANewHolderSucceeds) {
 
 TEST_F(CheckpointLockTest, AfterAHolderIsKilledWithSigkillANewHolderSucceeds) {
   // The holder forks a process of its own (as an Aggregator forks workers),
-  // which outlives it: it must not keep the lock.
+  // which outlives it: it must not keep the lock. The worker says its pid
+  // itself, so it has run (and closed its copy) before the holder is killed.
   Child holder([&](int out) {
     const Checkpoint checkpoint(path_);
-    const pid_t worker = ::fork();
-    if (worker == 0) {
+    if (::fork() == 0) {
+      say(out, std::to_string(::getpid()) + "\n");
       ::sleep(30);
       ::_exit(0);
     }
-    say(out, std::to_string(worker) + "\n");
     ::pause();
   });
   const pid_t worker = std::stoi("0" + holder.read('\n'));
@@ -181,6 +182,32 @@ TEST_F(CheckpointLockTest, AfterAHolderIsKilledWithSigkillANewHolderSucceeds) {
   const Checkpoint next(path_);  // takes it over
   EXPECT_NE(readFile(CheckpointLock::lockPathOf(path_)).find("pid " + std::to_string(::getpid())),
             std::string::npos);
+  EXPECT_NE(tryInChild(path_).find("process " + std::to_string(::getpid())), std::string::npos);
+}
+
+TEST_F(CheckpointLockTest, ALockADeadHoldersChildKeepsAMomentLongerIsTakenOnceItGoes) {
+  // A holder killed right after a fork leaves its lock with the child until
+  // the child first runs and closes its copy: an acquirer that finds a dead
+  // holder named tries again for up to a second instead of refusing at once.
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  Child child([&](int out) {
+    const int fd = ::open(CheckpointLock::lockPathOf(path_).c_str(), O_RDWR | O_CREAT, 0600);
+    if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) return say(out, "not locked\n");
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    const std::string text =
+        "gradagg checkpoint lock\npid " + std::to_string(dead) + "\nhost " + host + "\n";
+    (void)!::write(fd, text.data(), text.size());
+    say(out, "locked\n");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  });
+  ASSERT_EQ(child.read('\n'), "locked");
+  const Checkpoint next(path_);  // waits for the child to exit, then takes it over
+  EXPECT_NE(readFile(CheckpointLock::lockPathOf(path_)).find("pid " + std::to_string(::getpid())),
+            std::string::npos);
+  // A live holder is still named at once.
   EXPECT_NE(tryInChild(path_).find("process " + std::to_string(::getpid())), std::string::npos);
 }
 
