@@ -15,6 +15,7 @@
 #include <fmt/os.h>
 
 #include "runtime/host_hooks.h"
+#include "runtime/quiet_fork.h"
 
 namespace gradagg::detail {
 
@@ -117,6 +118,7 @@ pid_t forkChild(const std::function<int()>& body) {
   const pid_t parent = ::getpid();
   const HostHooks& hooks = hostHooks();
   if (hooks.before_fork) hooks.before_fork();
+  settleOtherThreads(std::chrono::milliseconds(50));  // runtime/quiet_fork.h
   const pid_t pid = ::fork();
   if (pid == 0) runChild(parent, body);
   const int fork_errno = errno;
