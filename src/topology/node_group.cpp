@@ -27,7 +27,7 @@ struct NodeGroup::Impl {
   std::unique_ptr<StoreServer> server;           // node 0's TCPStore, for the start-up
   c10::intrusive_ptr<RendezvousStore> base;      // the TCPStore or FileStore
   c10::intrusive_ptr<c10d::Store> store;         // base, under this run's private prefix
-  c10::intrusive_ptr<GlooGroup> group;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
   // The step's collectives: a gloo context of its own and one bound sum each.
   std::shared_ptr<::gloo::rendezvous::Context> context;
   std::vector<std::unique_ptr<::gloo::AllreduceOptions>> sums;
@@ -140,23 +140,16 @@ void NodeGroup::await(const W& work) {
   const Deadline until{SteadyClock::now() + timeout_};
   const std::int64_t began = monotonicNowNs();
   for (;;) {
-    bool completed = false;
     try {
       work->wait(std::chrono::milliseconds(20));
-      completed = true;
+      return;
     } catch (...) {
       // c10d 1.13 throws "Operation timed out!" at a slice's end; work that
       // completed since then is waited for again: its own result, or its failure.
       if (work->isCompleted()) {
         work->wait();
-        completed = true;
+        return;
       }
-    }
-    if (completed) {
-      // Returned only once c10d's thread has let go of it too: the workers
-      // may be forked next (GlooGroup, topology/start_up.h).
-      impl_->group->awaitIdle(until.at);
-      return;
     }
     try {
       checkHostInterrupt();

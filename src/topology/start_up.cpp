@@ -105,7 +105,7 @@ Groups connectGroups(const NodeOptions& o, const c10::intrusive_ptr<c10d::Store>
                                  ? c10d::ProcessGroupGloo::createDefaultDevice()
                                  : c10d::ProcessGroupGloo::createDeviceForInterface(o.interface));
   options->threads = 2;
-  g.group = c10::make_intrusive<GlooGroup>(store, o.node_rank, o.nodes, options);
+  g.group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.node_rank, o.nodes, options);
   GlooStore step_store(c10::make_intrusive<c10d::PrefixStore>("step", store));
   g.context = std::make_shared<::gloo::rendezvous::Context>(o.node_rank, o.nodes);
   g.context->setTimeout(deadline.left());
@@ -115,20 +115,6 @@ Groups connectGroups(const NodeOptions& o, const c10::intrusive_ptr<c10d::Store>
   return g;
 }
 }  // namespace
-
-void GlooGroup::awaitIdle(std::chrono::steady_clock::time_point until) {
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(workMutex_);
-      const bool idle = workQueue_.empty() &&
-                        std::none_of(workInProgress_.begin(), workInProgress_.end(),
-                                     [](const auto& work) { return work.defined(); });
-      if (idle) return;
-    }
-    if (std::chrono::steady_clock::now() >= until) return;
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-}
 
 bool isLoopback(const std::string& addr) {
   return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;

@@ -3,7 +3,6 @@
 // step's own gloo mesh, made in a thread of its own within the deadline.
 #pragma once
 
-#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -23,22 +22,8 @@ bool isLoopback(const std::string& addr);
 // A MASTER_ADDR that does not resolve is bad input (InvalidArgument), not a timeout.
 void requireResolvable(const NodeOptions& o);
 
-// c10d's group, able to wait until its worker threads are idle. A waiter sees
-// a collective complete a moment before the thread that ran it lets go of it
-// (and frees what it held); a fork() in that moment can copy a lock of the
-// allocator that the child then waits on for ever. glibc's malloc takes its
-// locks around fork(); GCC 12's AddressSanitizer runtime does not (seen: a
-// worker that never left 'starting' right after the start-up's last exchange).
-class GlooGroup final : public c10d::ProcessGroupGloo {
- public:
-  using ProcessGroupGloo::ProcessGroupGloo;
-  // Until no work is queued or in a worker's hands (each worker then waits on
-  // its condition variable, holding nothing), or `until`, whichever is first.
-  void awaitIdle(std::chrono::steady_clock::time_point until);
-};
-
 struct Groups {
-  c10::intrusive_ptr<GlooGroup> group;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
   std::shared_ptr<::gloo::rendezvous::Context> context;
   Sockets sockets;  // both's connections to the other nodes
 };
