@@ -12,10 +12,12 @@
 // writes the rows. See bench/README.md for the columns.
 #include <algorithm>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <iterator>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -23,6 +25,7 @@
 #include <torch/version.h>
 #include <CLI/CLI.hpp>
 
+#include "cpu_speed.h"
 #include "modes.h"
 
 namespace gradagg::bench {
@@ -225,13 +228,15 @@ void printHeader(const Machine& machine, int argc, char** argv, const Config& cf
 }
 
 // One round: every chosen mode on one model, in kModes' order; the speedups
-// against this round's single.
+// against this round's single; each row with the CPUs' spread just before it.
 std::vector<Row> runRound(const ModelSpec& spec, const Data& data, const Config& cfg) {
   std::vector<Row> rows;
   std::optional<double> single_ms;
   for (const Mode& mode : kModes) {
     if (!cfg.modes.count(mode.name)) continue;
+    const double cpus = spread(measureCpuSpeeds());
     Row row = mode.run(spec, data, cfg);
+    row.extra["cpu_spread"] = cpus;
     if (mode.speedup == Speedup::kBase) {
       single_ms = row.ms_per_step;
       row.speedup_vs_single = 1.0;
@@ -263,22 +268,49 @@ Row mergeRounds(std::vector<Row> rounds) {
   row.extra["rounds"] = static_cast<double>(rounds.size());
   row.extra["round_min_ms"] = ms.front();
   row.extra["round_max_ms"] = ms.back();
+  double widest = 1.0;
+  for (const Row& r : rounds) widest = std::max(widest, r.extra.at("cpu_spread"));
+  row.extra["cpu_spread_max"] = widest;
   return row;
 }
 
-// Every chosen mode on one model, in --rounds rounds.
+// One round's ms per step, mode by mode, each with the CPUs' spread before it
+// ("round 2/3: single 1710 [cpus 1.02x], shm 862 (1.98x) [cpus 1.3x], ..."):
+// how far a noisy machine moves between rounds, which the rows' median hides.
+void printRound(std::ostream& os, int r, int rounds, const std::vector<Row>& rows) {
+  std::ostringstream line;  // its own stream: os keeps its format
+  line << std::setprecision(4) << "  round " << r + 1 << "/" << rounds << ":";
+  const char* sep = " ";
+  for (const Row& row : rows) {
+    line << sep << row.mode << " " << row.ms_per_step;
+    line << std::setprecision(3);
+    if (row.speedup_vs_single && row.mode != "single")
+      line << " (" << *row.speedup_vs_single << "x)";
+    line << " [cpus " << row.extra.at("cpu_spread") << "x]" << std::setprecision(4);
+    sep = ", ";
+  }
+  os << line.str() << " ms\n";
+}
+
+// Every chosen mode on one model, in --rounds rounds, between two measures of
+// the CPUs' speeds (cpu_speed.h), printed.
 void runModel(const ModelSpec& spec, const Config& cfg, Recorder& out) {
   std::cerr << "model " << spec.name << " (" << paramCount(spec) << " params, batch " << spec.batch
             << ")\n";
+  const std::vector<CpuSpeed> before = measureCpuSpeeds();
+  std::cerr << "  cpus before: " << describe(before) << "\n";
   const Data data = makeData(spec);
   Config round = cfg;
   round.steps = (cfg.steps + cfg.rounds - 1) / cfg.rounds;
   std::vector<std::vector<Row>> by_mode;  // [mode][round]
   for (int r = 0; r < cfg.rounds; ++r) {
     std::vector<Row> rows = runRound(spec, data, round);
+    if (cfg.rounds > 1) printRound(std::cerr, r, cfg.rounds, rows);
     by_mode.resize(rows.size());
     for (std::size_t m = 0; m < rows.size(); ++m) by_mode[m].push_back(std::move(rows[m]));
   }
+  const std::vector<CpuSpeed> after = measureCpuSpeeds();
+  std::cerr << "  cpus after: " << describe(after) << "\n";
   for (std::vector<Row>& rounds : by_mode) out.record(mergeRounds(std::move(rounds)));
 }
 
