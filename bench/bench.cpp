@@ -275,7 +275,7 @@ Row mergeRounds(std::vector<Row> rounds) {
 }
 
 // One round's ms per step, mode by mode, each with the CPUs' spread before it
-// ("round 2/3: single 1710 [cpus 1.02x], shm 862 (1.98x) [cpus 1.3x], ..."):
+// ("round 1/6: single 1702 [cpus 1.36x], shm 1261 (1.35x) [cpus 1.62x], ..."):
 // how far a noisy machine moves between rounds, which the rows' median hides.
 void printRound(std::ostream& os, int r, int rounds, const std::vector<Row>& rows) {
   std::ostringstream line;  // its own stream: os keeps its format
@@ -292,13 +292,11 @@ void printRound(std::ostream& os, int r, int rounds, const std::vector<Row>& row
   os << line.str() << " ms\n";
 }
 
-// Every chosen mode on one model, in --rounds rounds, between two measures of
-// the CPUs' speeds (cpu_speed.h), printed.
+// Every chosen mode on one model, in --rounds rounds; then the CPUs' speeds
+// once more, after the last mode (runRound measures them before each).
 void runModel(const ModelSpec& spec, const Config& cfg, Recorder& out) {
   std::cerr << "model " << spec.name << " (" << paramCount(spec) << " params, batch " << spec.batch
             << ")\n";
-  const std::vector<CpuSpeed> before = measureCpuSpeeds();
-  std::cerr << "  cpus before: " << describe(before) << "\n";
   const Data data = makeData(spec);
   Config round = cfg;
   round.steps = (cfg.steps + cfg.rounds - 1) / cfg.rounds;

@@ -20,13 +20,13 @@ struct CpuSpeed {
 };
 
 // Runs the kernel on every CPU of this process's affinity mask in turn, in a
-// thread pinned there (~0.2 s per CPU). Empty where the mask cannot be read.
+// thread pinned there (~0.1 s per CPU). Empty where the mask cannot be read.
 std::vector<CpuSpeed> measureCpuSpeeds();
 
 // The slowest CPU's ms over the fastest's (1 for one CPU or none).
 double spread(const std::vector<CpuSpeed>& speeds);
 
-// "cpu0 4.1 ms, cpu1 5.9 ms (the slowest 1.44x the fastest)".
+// "cpu0 10 ms, cpu1 6.87 ms (the slowest 1.46x the fastest)".
 std::string describe(const std::vector<CpuSpeed>& speeds);
 
 }  // namespace gradagg::bench
