@@ -20,7 +20,9 @@ struct CpuSpeed {
 };
 
 // Runs the kernel on every CPU of this process's affinity mask in turn, in a
-// thread pinned there (~0.1 s per CPU). Empty where the mask cannot be read.
+// thread pinned there (~0.1 s per CPU), all in a forked child so that this
+// process's heap and threads are left as they were. Empty where the mask
+// cannot be read or the child fails.
 std::vector<CpuSpeed> measureCpuSpeeds();
 
 // The slowest CPU's ms over the fastest's (1 for one CPU or none).
