@@ -70,7 +70,7 @@ void addWhatRuns(CLI::App& app, Config& cfg, Cli& cli) {
       ->check(CLI::Range(1, gradagg::Options::kMaxWorkers));
   cli.steps = app.add_option("-s,--steps", cfg.steps, "measured steps per configuration")
                   ->check(CLI::PositiveNumber);
-  cli.warmup = app.add_option("--warmup", cfg.warmup, "unmeasured steps first")
+  cli.warmup = app.add_option("--warmup", cfg.warmup, "unmeasured steps first (single, shm: and at least 200 ms)")
                    ->check(CLI::NonNegativeNumber);
   cli.rounds = app.add_option("--rounds", cfg.rounds,
                               "run each model's modes this many times in turn (single, shm, "

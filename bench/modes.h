@@ -46,6 +46,33 @@ inline double msSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
+// The unmeasured steps that open a row of one process (single, shm): at least
+// --warmup steps and at least kMinWarmupMs of them. On this 2-core VM a
+// process's threads can share one CPU for tens of ms after the bench's CPU
+// probe while the other idles, until the load balancer moves one; the
+// 807-parameter model's 3 warm-up steps take 0.3 ms, so its timed steps paid
+// 4-8 ms each for that (docs/benchmark.md). Gloo peers and nodes agree on a
+// step count in advance and keep --warmup alone.
+class WarmUp {
+ public:
+  static constexpr double kMinWarmupMs = 200;
+  explicit WarmUp(int steps) : steps_(steps), start_(Clock::now()) {}
+  // True when step `s`, starting at `t0`, is still warm-up (once false, false for later steps).
+  bool includes(int s, Clock::time_point t0) {
+    if (done_) return false;
+    done_ = s >= steps_ && std::chrono::duration<double, std::milli>(t0 - start_).count() >= kMinWarmupMs;
+    if (!done_) ++taken_;
+    return !done_;
+  }
+  int taken() const { return taken_; }  // the warm-up steps run so far
+
+ private:
+  int steps_;
+  Clock::time_point start_;
+  bool done_ = false;
+  int taken_ = 0;
+};
+
 using ModeFn = Row (*)(const ModelSpec& spec, const Data& data, const Config& cfg);
 
 // modes_local.cpp: one process, and gradagg's Aggregator on one node.

@@ -74,13 +74,15 @@ Row runSingle(const ModelSpec& spec, const Data& data, const Config& cfg) {
   Net model = makeModel(spec);
   torch::optim::SGD opt(model->parameters(), kLearningRate);
   std::vector<double> total, compute;
-  for (int s = 0; s < cfg.warmup + cfg.steps; ++s) {
+  WarmUp warm(cfg.warmup);
+  for (int s = 0; static_cast<int>(total.size()) < cfg.steps; ++s) {
     const auto t0 = Clock::now();
+    const bool warming = warm.includes(s, t0);
     opt.zero_grad();
     loss(model, data.x, data.y).backward();
     const double c = msSince(t0);
     opt.step();
-    if (s < cfg.warmup) continue;
+    if (warming) continue;
     total.push_back(msSince(t0));
     compute.push_back(c);
   }
@@ -88,6 +90,7 @@ Row runSingle(const ModelSpec& spec, const Data& data, const Config& cfg) {
   row.ms_per_step = median(total);
   row.p90_ms = percentile90(total);
   row.extra["compute_ms"] = median(compute);
+  row.extra["warmup_steps"] = warm.taken();
   return row;
 }
 
@@ -116,17 +119,20 @@ Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
   gradagg::Message message;  // the parent's per-step data, copied into the segment each step
   if (cfg.message_bytes > 0) message.set("payload", torch::ones({cfg.message_bytes / 4}));
   ShmSamples samples;
-  for (int s = 0; s < cfg.warmup + cfg.steps; ++s) {
+  WarmUp warm(cfg.warmup);
+  for (int s = 0; static_cast<int>(samples.total.size()) < cfg.steps; ++s) {
     const auto t0 = Clock::now();
+    const bool warming = warm.includes(s, t0);
     const gradagg::StepReport& r = agg.step(message);
     const auto t1 = Clock::now();
     opt.step();
-    if (s < cfg.warmup) continue;
+    if (warming) continue;
     const double total_ms = msSince(t0);
     samples.add(r, total_ms, msSince(t1));
   }
   Row row = makeRow(spec, "shm", cfg.workers, agg.options().resolvedThreadsPerWorker(), cfg.steps);
   samples.fill(row);
+  row.extra["warmup_steps"] = warm.taken();
   if (cfg.accumulate > 1) row.mode += "-acc" + std::to_string(cfg.accumulate);  // shm-acc4
   if (cfg.message_bytes > 0) row.mode += "-msg" + std::to_string(cfg.message_bytes);
   return row;
