@@ -48,11 +48,11 @@ inline double msSince(Clock::time_point t0) {
 
 // The unmeasured steps that open a row of one process (single, shm): at least
 // --warmup steps and at least kMinWarmupMs of them. On this 2-core VM a
-// process's threads can share one CPU for tens of ms after the bench's CPU
-// probe while the other idles, until the load balancer moves one; the
-// 807-parameter model's 3 warm-up steps take 0.3 ms, so its timed steps paid
-// 4-8 ms each for that (docs/benchmark.md). Gloo peers and nodes agree on a
-// step count in advance and keep --warmup alone.
+// process's two threads can share one CPU for tens of ms while the other
+// idles (most often right after the bench's CPU probe), until the load
+// balancer moves one; the 807-parameter model's 3 warm-up steps take 0.3 ms,
+// so its timed steps paid 4-8 ms each for that (docs/benchmark.md). Gloo
+// peers and nodes agree on a step count in advance and keep --warmup alone.
 class WarmUp {
  public:
   static constexpr double kMinWarmupMs = 200;
