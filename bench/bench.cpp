@@ -8,16 +8,13 @@
 // and the reduction alone (reduce-only): N slots of P floats summed by gradagg's
 // kernel, next to a streaming c = a + b over as many bytes and a Gloo allreduce
 // of the same buffer. --check compares one step's mean gradient of shm and gloo.
-// This file reads the command line, runs the modes (modes.h) model by model and
+// This file reads the command line, runs each model's modes in rounds (rounds.h) and
 // writes the rows. See bench/README.md for the columns.
 #include <algorithm>
 #include <fstream>
-#include <iomanip>
 #include <iostream>
-#include <iterator>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -25,33 +22,11 @@
 #include <torch/version.h>
 #include <CLI/CLI.hpp>
 
-#include "cpu_speed.h"
 #include "modes.h"
+#include "rounds.h"
 
 namespace gradagg::bench {
 namespace {
-
-// How a mode's row relates to single's: single is the base (1.0x); the others
-// marked kAgainstSingle carry single's ms_per_step / theirs, same model, same run.
-enum class Speedup { kBase, kAgainstSingle, kNone };
-
-struct Mode {
-  const char* name;  // --modes
-  Speedup speedup;
-  ModeFn run;
-};
-
-// Every mode, in the order each model runs them.
-const Mode kModes[] = {
-    {"single", Speedup::kBase, runSingle},
-    {"shm", Speedup::kAgainstSingle, runShm},
-    {"gloo", Speedup::kAgainstSingle, runGloo},
-    {"shm-1node", Speedup::kNone, runShmOneNode},
-    {"shm-2nodes", Speedup::kAgainstSingle, runNodes},
-    {"shm-2nodes-bf16", Speedup::kAgainstSingle, runNodesBf16},
-    {"shm-2nodes-after", Speedup::kAgainstSingle, runNodesAfter},
-    {"reduce-only", Speedup::kNone, runReduceOnly},
-};
 
 // ---- the command line -----------------------------------------------------------
 
@@ -101,6 +76,18 @@ void addHowItRuns(CLI::App& app, Config& cfg) {
   app.add_option("--cluster", cfg.placement.cluster,
                  "run the nodes and Gloo peers in an emulated cluster's namespaces (the prefix "
                  "`tests/cluster/cluster.sh up 2 RATE` prints), over its limited link");
+  app.add_option("--quiet-cpus", cfg.quiet_cpus,
+                 "run a round again (up to 3 times) when one CPU ran more than this many times "
+                 "slower than another before any of its modes or after its last (0: never)")
+      ->check([](const std::string& value) {
+        const std::string wrong = "0 (never) or a spread of 1 or more, e.g. 1.15";
+        try {
+          const double x = std::stod(value);
+          return x == 0 || (x >= 1 && x < 1e6) ? std::string() : wrong;
+        } catch (const std::exception&) {
+          return wrong;
+        }
+      });
   app.add_option("--json", cfg.json, "write one JSON object per configuration (JSON Lines) here");
   app.add_option("--accumulate", cfg.accumulate,
                  "shm: each worker's share of the batch as this many micro-batches, accumulated "
@@ -130,24 +117,18 @@ std::vector<ModelSpec> parseModelOption(const std::string& list) {
   }
 }
 
-// "shm, gloo, ..., reduce-only": the names --modes takes besides "all".
-std::string modeNames() {
-  std::string names;
-  for (const Mode& m : kModes) names += std::string(names.empty() ? "" : ", ") + m.name;
-  return names;
-}
-
 std::set<std::string> parseModeOption(const std::string& list) {
+  const std::vector<std::string> names = modeNames();
   std::set<std::string> modes;
   for (const std::string& name : split(list, ',')) {
-    const auto known = std::find_if(std::begin(kModes), std::end(kModes),
-                                    [&](const Mode& m) { return name == m.name; });
     if (name == "all") {
-      for (const Mode& m : kModes) modes.insert(m.name);
-    } else if (known != std::end(kModes)) {
+      modes.insert(names.begin(), names.end());
+    } else if (std::find(names.begin(), names.end(), name) != names.end()) {
       modes.insert(name);
     } else {
-      throw CLI::ValidationError("--modes", "'" + name + "': expected " + modeNames() + " or all");
+      std::string expected;  // "single, shm, ..., reduce-only"
+      for (const std::string& n : names) expected += (expected.empty() ? "" : ", ") + n;
+      throw CLI::ValidationError("--modes", "'" + name + "': expected " + expected + " or all");
     }
   }
   return modes;
@@ -227,91 +208,6 @@ void printHeader(const Machine& machine, int argc, char** argv, const Config& cf
             << std::flush;
 }
 
-// One round: every chosen mode on one model, in kModes' order; the speedups
-// against this round's single; each row with the CPUs' spread just before it.
-std::vector<Row> runRound(const ModelSpec& spec, const Data& data, const Config& cfg) {
-  std::vector<Row> rows;
-  std::optional<double> single_ms;
-  for (const Mode& mode : kModes) {
-    if (!cfg.modes.count(mode.name)) continue;
-    const double cpus = spread(measureCpuSpeeds());
-    Row row = mode.run(spec, data, cfg);
-    row.extra["cpu_spread"] = cpus;
-    if (mode.speedup == Speedup::kBase) {
-      single_ms = row.ms_per_step;
-      row.speedup_vs_single = 1.0;
-    } else if (mode.speedup == Speedup::kAgainstSingle && single_ms && row.ms_per_step > 0) {
-      row.speedup_vs_single = *single_ms / row.ms_per_step;
-    }
-    rows.push_back(std::move(row));
-  }
-  return rows;
-}
-
-// One mode's rows of every round as one: the round with the median ms per
-// step, the steps of all rounds, the median of the rounds' speedups (each
-// against the single row of its own round, so a machine that slows down
-// between rounds moves both sides of a ratio alike), and the rounds' spread.
-Row mergeRounds(std::vector<Row> rounds) {
-  std::sort(rounds.begin(), rounds.end(),
-            [](const Row& a, const Row& b) { return a.ms_per_step < b.ms_per_step; });
-  Row row = rounds[rounds.size() / 2];
-  if (rounds.size() == 1) return row;
-  std::vector<double> speedups, ms;
-  row.steps = 0;
-  for (const Row& r : rounds) {
-    row.steps += r.steps;
-    ms.push_back(r.ms_per_step);
-    if (r.speedup_vs_single) speedups.push_back(*r.speedup_vs_single);
-  }
-  if (!speedups.empty()) row.speedup_vs_single = median(speedups);
-  row.extra["rounds"] = static_cast<double>(rounds.size());
-  row.extra["round_min_ms"] = ms.front();
-  row.extra["round_max_ms"] = ms.back();
-  double widest = 1.0;
-  for (const Row& r : rounds) widest = std::max(widest, r.extra.at("cpu_spread"));
-  row.extra["cpu_spread_max"] = widest;
-  return row;
-}
-
-// One round's ms per step, mode by mode, each with the CPUs' spread before it
-// ("round 1/6: single 1702 [cpus 1.36x], shm 1261 (1.35x) [cpus 1.62x], ..."):
-// how far a noisy machine moves between rounds, which the rows' median hides.
-void printRound(std::ostream& os, int r, int rounds, const std::vector<Row>& rows) {
-  std::ostringstream line;  // its own stream: os keeps its format
-  line << std::setprecision(4) << "  round " << r + 1 << "/" << rounds << ":";
-  const char* sep = " ";
-  for (const Row& row : rows) {
-    line << sep << row.mode << " " << row.ms_per_step;
-    line << std::setprecision(3);
-    if (row.speedup_vs_single && row.mode != "single")
-      line << " (" << *row.speedup_vs_single << "x)";
-    line << " [cpus " << row.extra.at("cpu_spread") << "x]" << std::setprecision(4);
-    sep = ", ";
-  }
-  os << line.str() << " ms\n";
-}
-
-// Every chosen mode on one model, in --rounds rounds; then the CPUs' speeds
-// once more, after the last mode (runRound measures them before each).
-void runModel(const ModelSpec& spec, const Config& cfg, Recorder& out) {
-  std::cerr << "model " << spec.name << " (" << paramCount(spec) << " params, batch " << spec.batch
-            << ")\n";
-  const Data data = makeData(spec);
-  Config round = cfg;
-  round.steps = (cfg.steps + cfg.rounds - 1) / cfg.rounds;
-  std::vector<std::vector<Row>> by_mode;  // [mode][round]
-  for (int r = 0; r < cfg.rounds; ++r) {
-    std::vector<Row> rows = runRound(spec, data, round);
-    if (cfg.rounds > 1) printRound(std::cerr, r, cfg.rounds, rows);
-    by_mode.resize(rows.size());
-    for (std::size_t m = 0; m < rows.size(); ++m) by_mode[m].push_back(std::move(rows[m]));
-  }
-  const std::vector<CpuSpeed> after = measureCpuSpeeds();
-  std::cerr << "  cpus after: " << describe(after) << "\n";
-  for (std::vector<Row>& rounds : by_mode) out.record(mergeRounds(std::move(rounds)));
-}
-
 // --check on the 807 and 55k models; true when shm and gloo agree on both.
 bool runChecks(const Config& cfg, Recorder& out) {
   bool all_ok = true;
@@ -333,7 +229,8 @@ int run(int argc, char** argv) {
   const Machine machine = probeMachine(TORCH_VERSION);
   printHeader(machine, argc, argv, cfg);
   Recorder out(cfg.json, machine);
-  for (const ModelSpec& spec : cfg.models) runModel(spec, cfg, out);
+  for (const ModelSpec& spec : cfg.models)
+    for (Row& row : runModel(spec, cfg)) out.record(std::move(row));
   const bool all_ok = !cfg.check || runChecks(cfg, out);
   std::cout << "\n";
   printTable(std::cout, out.rows());

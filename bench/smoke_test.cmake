@@ -1,6 +1,7 @@
 # Runs `gradagg-bench --short --check --json JSON` and validates the JSON Lines:
 # every line an object, every mode's required keys present, every mode seen,
-# every check row ok; then the nodes and peers pinned (--pin) once. Timings are
+# every check row ok; then the nodes and peers pinned (--pin) once, and
+# --quiet-cpus refusing a spread below 1 and redoing rounds at most 3 times. Timings are
 # never asserted.
 #   cmake -DBENCH=<gradagg-bench> -DJSON=<file> -P smoke_test.cmake
 cmake_minimum_required(VERSION 3.19)
@@ -79,3 +80,28 @@ list(LENGTH pinned count)
 if(NOT count EQUAL 4)
   message(FATAL_ERROR "gradagg-bench --short --pin: expected 4 rows (2 models x shm-2nodes, gloo), got ${count}")
 endif()
+
+# --quiet-cpus: a spread below 1 is refused; at 1 nearly every round is run
+# again, at most 3 times, and the rows say how many (never more than 3).
+execute_process(COMMAND ${BENCH} --short --quiet-cpus 0.5 RESULT_VARIABLE rc
+                OUTPUT_QUIET ERROR_QUIET)
+if(rc EQUAL 0)
+  message(FATAL_ERROR "gradagg-bench --quiet-cpus 0.5 was accepted")
+endif()
+file(REMOVE ${JSON}.quiet)
+execute_process(COMMAND ${BENCH} --short -m 807 --modes single,shm --quiet-cpus 1 --json ${JSON}.quiet
+                RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "gradagg-bench --quiet-cpus 1 exited with ${rc}")
+endif()
+file(STRINGS ${JSON}.quiet quiet)
+list(LENGTH quiet count)
+if(NOT count EQUAL 2)
+  message(FATAL_ERROR "gradagg-bench --quiet-cpus 1: expected 2 rows (single, shm), got ${count}")
+endif()
+foreach(line IN LISTS quiet)
+  string(JSON redone ERROR_VARIABLE err GET "${line}" rounds_redone)
+  if(NOT err AND (redone LESS 1 OR redone GREATER 3))
+    message(FATAL_ERROR "gradagg-bench --quiet-cpus 1: rounds_redone ${redone} (one round, at most 3 redos)")
+  endif()
+endforeach()

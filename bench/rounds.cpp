@@ -1,0 +1,155 @@
+#include "rounds.h"
+
+#include <algorithm>
+#include <iomanip>
+#include <iostream>
+#include <optional>
+#include <sstream>
+
+#include "cpu_speed.h"
+
+namespace gradagg::bench {
+
+namespace {
+
+// How a mode's row relates to single's: single is the base (1.0x); the others
+// marked kAgainstSingle carry single's ms_per_step / theirs, same model, same round.
+enum class Speedup { kBase, kAgainstSingle, kNone };
+
+struct Mode {
+  const char* name;  // --modes
+  Speedup speedup;
+  ModeFn run;
+};
+
+// Every mode, in the order each round runs them.
+const Mode kModes[] = {
+    {"single", Speedup::kBase, runSingle},
+    {"shm", Speedup::kAgainstSingle, runShm},
+    {"gloo", Speedup::kAgainstSingle, runGloo},
+    {"shm-1node", Speedup::kNone, runShmOneNode},
+    {"shm-2nodes", Speedup::kAgainstSingle, runNodes},
+    {"shm-2nodes-bf16", Speedup::kAgainstSingle, runNodesBf16},
+    {"shm-2nodes-after", Speedup::kAgainstSingle, runNodesAfter},
+    {"reduce-only", Speedup::kNone, runReduceOnly},
+};
+
+// A round asked for more than this many runs of itself is kept as its last run.
+constexpr int kMaxRedos = 3;
+
+// One round: every chosen mode on one model, in kModes' order; the speedups
+// against this round's single; each row with the CPUs' spread just before it.
+std::vector<Row> runRound(const ModelSpec& spec, const Data& data, const Config& cfg) {
+  std::vector<Row> rows;
+  std::optional<double> single_ms;
+  for (const Mode& mode : kModes) {
+    if (!cfg.modes.count(mode.name)) continue;
+    const double cpus = spread(measureCpuSpeeds());
+    Row row = mode.run(spec, data, cfg);
+    row.extra["cpu_spread"] = cpus;
+    if (mode.speedup == Speedup::kBase) {
+      single_ms = row.ms_per_step;
+      row.speedup_vs_single = 1.0;
+    } else if (mode.speedup == Speedup::kAgainstSingle && single_ms && row.ms_per_step > 0) {
+      row.speedup_vs_single = *single_ms / row.ms_per_step;
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+// The widest spread before any of the round's rows.
+double widestSpread(const std::vector<Row>& rows) {
+  double widest = 1.0;
+  for (const Row& r : rows) widest = std::max(widest, r.extra.at("cpu_spread"));
+  return widest;
+}
+
+// One mode's rows of every round as one: the round with the median ms per
+// step, the steps of all rounds, the median of the rounds' speedups (each
+// against the single row of its own round, so a machine that slows down
+// between rounds moves both sides of a ratio alike), and the rounds' spread.
+Row mergeRounds(std::vector<Row> rounds, int redone) {
+  std::sort(rounds.begin(), rounds.end(),
+            [](const Row& a, const Row& b) { return a.ms_per_step < b.ms_per_step; });
+  Row row = rounds[rounds.size() / 2];
+  if (redone > 0) row.extra["rounds_redone"] = redone;
+  if (rounds.size() == 1) return row;
+  std::vector<double> speedups, ms;
+  row.steps = 0;
+  for (const Row& r : rounds) {
+    row.steps += r.steps;
+    ms.push_back(r.ms_per_step);
+    if (r.speedup_vs_single) speedups.push_back(*r.speedup_vs_single);
+  }
+  if (!speedups.empty()) row.speedup_vs_single = median(speedups);
+  row.extra["rounds"] = static_cast<double>(rounds.size());
+  row.extra["round_min_ms"] = ms.front();
+  row.extra["round_max_ms"] = ms.back();
+  row.extra["cpu_spread_max"] = widestSpread(rounds);
+  return row;
+}
+
+// One round's ms per step, mode by mode, each with the CPUs' spread before it
+// ("round 1/6: single 1702 [cpus 1.36x], shm 1261 (1.35x) [cpus 1.62x], ..."):
+// how far a noisy machine moves between rounds, which the rows' median hides.
+std::string describeRound(int r, int rounds, const std::vector<Row>& rows) {
+  std::ostringstream line;
+  line << std::setprecision(4) << "round " << r + 1 << "/" << rounds << ":";
+  const char* sep = " ";
+  for (const Row& row : rows) {
+    line << sep << row.mode << " " << row.ms_per_step;
+    line << std::setprecision(3);
+    if (row.speedup_vs_single && row.mode != "single")
+      line << " (" << *row.speedup_vs_single << "x)";
+    line << " [cpus " << row.extra.at("cpu_spread") << "x]" << std::setprecision(4);
+    sep = ", ";
+  }
+  return line.str() + " ms";
+}
+
+}  // namespace
+
+std::vector<std::string> modeNames() {
+  std::vector<std::string> names;
+  for (const Mode& m : kModes) names.push_back(m.name);
+  return names;
+}
+
+std::vector<Row> runModel(const ModelSpec& spec, const Config& cfg) {
+  std::cerr << "model " << spec.name << " (" << paramCount(spec) << " params, batch " << spec.batch
+            << ")\n";
+  const Data data = makeData(spec);
+  Config round = cfg;
+  round.steps = (cfg.steps + cfg.rounds - 1) / cfg.rounds;
+  std::vector<std::vector<Row>> by_mode;  // [mode][round]
+  std::vector<CpuSpeed> after;
+  int redone = 0;
+  for (int r = 0; r < cfg.rounds; ++r) {
+    std::vector<Row> rows;
+    for (int run = 0;; ++run) {
+      rows = runRound(spec, data, round);
+      const bool last = r == cfg.rounds - 1;
+      if (cfg.quiet_cpus > 0 || last) after = measureCpuSpeeds();  // else the next round's first probe
+      const double widest = std::max(widestSpread(rows), cfg.quiet_cpus > 0 ? spread(after) : 1.0);
+      const bool disturbed = cfg.quiet_cpus > 0 && widest > cfg.quiet_cpus;
+      if (!disturbed || run == kMaxRedos) {
+        if (cfg.rounds > 1 || run > 0) std::cerr << "  " << describeRound(r, cfg.rounds, rows) << "\n";
+        if (disturbed) std::cerr << "  (kept: " << kMaxRedos << " runs again did not find quiet CPUs)\n";
+        break;
+      }
+      ++redone;
+      std::cerr << "  " << describeRound(r, cfg.rounds, rows) << ": again, the CPUs' spread "
+                << std::setprecision(3) << widest << "x is past --quiet-cpus " << cfg.quiet_cpus
+                << "\n";
+    }
+    by_mode.resize(rows.size());
+    for (std::size_t m = 0; m < rows.size(); ++m) by_mode[m].push_back(std::move(rows[m]));
+  }
+  std::cerr << "  cpus after: " << describe(after) << "\n";
+  std::vector<Row> merged;
+  for (std::vector<Row>& rounds : by_mode) merged.push_back(mergeRounds(std::move(rounds), redone));
+  return merged;
+}
+
+}  // namespace gradagg::bench
