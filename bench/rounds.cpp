@@ -139,9 +139,10 @@ std::vector<Row> runModel(const ModelSpec& spec, const Config& cfg) {
         break;
       }
       ++redone;
-      std::cerr << "  " << describeRound(r, cfg.rounds, rows) << ": again, the CPUs' spread "
-                << std::setprecision(3) << widest << "x is past --quiet-cpus " << cfg.quiet_cpus
-                << "\n";
+      std::ostringstream why;  // its own stream: std::cerr keeps its format
+      why << std::setprecision(3) << ": again, the CPUs' spread " << widest
+          << "x is past --quiet-cpus " << cfg.quiet_cpus;
+      std::cerr << "  " << describeRound(r, cfg.rounds, rows) << why.str() << "\n";
     }
     by_mode.resize(rows.size());
     for (std::size_t m = 0; m < rows.size(); ++m) by_mode[m].push_back(std::move(rows[m]));
