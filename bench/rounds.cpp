@@ -108,6 +108,29 @@ std::string describeRound(int r, int rounds, const std::vector<Row>& rows) {
   return line.str() + " ms";
 }
 
+// Round `r`, run again while --quiet-cpus finds it disturbed (up to kMaxRedos
+// times, counted in `redone`); prints the round, and each run thrown away with why.
+std::vector<Row> runQuietRound(const ModelSpec& spec, const Data& data, const Config& cfg, int r,
+                               int& redone) {
+  for (int run = 0;; ++run) {
+    std::vector<Row> rows = runRound(spec, data, cfg);
+    double widest = 1.0;  // with --quiet-cpus: the spread before any row or right after the last
+    if (cfg.quiet_cpus > 0) widest = std::max(widestSpread(rows), spread(measureCpuSpeeds()));
+    const bool disturbed = cfg.quiet_cpus > 0 && widest > cfg.quiet_cpus;
+    const std::string line = "  " + describeRound(r, cfg.rounds, rows);
+    if (!disturbed || run == kMaxRedos) {
+      if (cfg.rounds > 1 || run > 0) std::cerr << line << "\n";
+      if (disturbed) std::cerr << "  (kept: " << kMaxRedos << " runs again did not find quiet CPUs)\n";
+      return rows;
+    }
+    ++redone;
+    std::ostringstream why;  // its own stream: std::cerr keeps its format
+    why << std::setprecision(3) << ": again, the CPUs' spread " << widest
+        << "x is past --quiet-cpus " << cfg.quiet_cpus;
+    std::cerr << line << why.str() << "\n";
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> modeNames() {
@@ -123,31 +146,13 @@ std::vector<Row> runModel(const ModelSpec& spec, const Config& cfg) {
   Config round = cfg;
   round.steps = (cfg.steps + cfg.rounds - 1) / cfg.rounds;
   std::vector<std::vector<Row>> by_mode;  // [mode][round]
-  std::vector<CpuSpeed> after;
   int redone = 0;
   for (int r = 0; r < cfg.rounds; ++r) {
-    std::vector<Row> rows;
-    for (int run = 0;; ++run) {
-      rows = runRound(spec, data, round);
-      const bool last = r == cfg.rounds - 1;
-      if (cfg.quiet_cpus > 0 || last) after = measureCpuSpeeds();  // else the next round's first probe
-      const double widest = std::max(widestSpread(rows), cfg.quiet_cpus > 0 ? spread(after) : 1.0);
-      const bool disturbed = cfg.quiet_cpus > 0 && widest > cfg.quiet_cpus;
-      if (!disturbed || run == kMaxRedos) {
-        if (cfg.rounds > 1 || run > 0) std::cerr << "  " << describeRound(r, cfg.rounds, rows) << "\n";
-        if (disturbed) std::cerr << "  (kept: " << kMaxRedos << " runs again did not find quiet CPUs)\n";
-        break;
-      }
-      ++redone;
-      std::ostringstream why;  // its own stream: std::cerr keeps its format
-      why << std::setprecision(3) << ": again, the CPUs' spread " << widest
-          << "x is past --quiet-cpus " << cfg.quiet_cpus;
-      std::cerr << "  " << describeRound(r, cfg.rounds, rows) << why.str() << "\n";
-    }
+    std::vector<Row> rows = runQuietRound(spec, data, round, r, redone);
     by_mode.resize(rows.size());
     for (std::size_t m = 0; m < rows.size(); ++m) by_mode[m].push_back(std::move(rows[m]));
   }
-  std::cerr << "  cpus after: " << describe(after) << "\n";
+  std::cerr << "  cpus after: " << describe(measureCpuSpeeds()) << "\n";
   std::vector<Row> merged;
   for (std::vector<Row>& rounds : by_mode) merged.push_back(mergeRounds(std::move(rounds), redone));
   return merged;

@@ -68,18 +68,24 @@ foreach(mode single shm gloo shm-1node shm-2nodes shm-2nodes-bf16 reduce-only ch
 endforeach()
 message(STATUS "${count} valid JSON lines in ${JSON}")
 
+# Runs the bench with `ARGN --json FILE` into `out` (its JSON lines); fails unless
+# it exits 0 with `count` rows (`what` names them in the message).
+function(bench_rows out suffix count what)
+  file(REMOVE ${JSON}.${suffix})
+  execute_process(COMMAND ${BENCH} ${ARGN} --json ${JSON}.${suffix} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "gradagg-bench ${ARGN} exited with ${rc}")
+  endif()
+  file(STRINGS ${JSON}.${suffix} lines)
+  list(LENGTH lines got)
+  if(NOT got EQUAL count)
+    message(FATAL_ERROR "gradagg-bench ${ARGN}: expected ${count} rows (${what}), got ${got}")
+  endif()
+  set(${out} "${lines}" PARENT_SCOPE)
+endfunction()
+
 # --pin: each node and each Gloo peer on its own part of the CPUs.
-file(REMOVE ${JSON}.pin)
-execute_process(COMMAND ${BENCH} --short --pin --modes shm-2nodes,gloo --json ${JSON}.pin
-                RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "gradagg-bench --short --pin exited with ${rc}")
-endif()
-file(STRINGS ${JSON}.pin pinned)
-list(LENGTH pinned count)
-if(NOT count EQUAL 4)
-  message(FATAL_ERROR "gradagg-bench --short --pin: expected 4 rows (2 models x shm-2nodes, gloo), got ${count}")
-endif()
+bench_rows(pinned pin 4 "2 models x shm-2nodes, gloo" --short --pin --modes shm-2nodes,gloo)
 
 # --quiet-cpus: a spread below 1 is refused; at 1 nearly every round is run
 # again, at most 3 times, and the rows say how many (never more than 3).
@@ -88,17 +94,7 @@ execute_process(COMMAND ${BENCH} --short --quiet-cpus 0.5 RESULT_VARIABLE rc
 if(rc EQUAL 0)
   message(FATAL_ERROR "gradagg-bench --quiet-cpus 0.5 was accepted")
 endif()
-file(REMOVE ${JSON}.quiet)
-execute_process(COMMAND ${BENCH} --short -m 807 --modes single,shm --quiet-cpus 1 --json ${JSON}.quiet
-                RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "gradagg-bench --quiet-cpus 1 exited with ${rc}")
-endif()
-file(STRINGS ${JSON}.quiet quiet)
-list(LENGTH quiet count)
-if(NOT count EQUAL 2)
-  message(FATAL_ERROR "gradagg-bench --quiet-cpus 1: expected 2 rows (single, shm), got ${count}")
-endif()
+bench_rows(quiet quiet 2 "single, shm" --short -m 807 --modes single,shm --quiet-cpus 1)
 foreach(line IN LISTS quiet)
   string(JSON redone ERROR_VARIABLE err GET "${line}" rounds_redone)
   if(NOT err AND (redone LESS 1 OR redone GREATER 3))
