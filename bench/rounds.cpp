@@ -38,13 +38,16 @@ const Mode kModes[] = {
 constexpr int kMaxRedos = 3;
 
 // One round: every chosen mode on one model, in kModes' order; the speedups
-// against this round's single; each row with the CPUs' spread just before it.
-std::vector<Row> runRound(const ModelSpec& spec, const Data& data, const Config& cfg) {
+// against this round's single; each row with the CPUs' spread just before it
+// (for the first row `first_spread` when given: a probe that ran just now).
+std::vector<Row> runRound(const ModelSpec& spec, const Data& data, const Config& cfg,
+                          std::optional<double> first_spread) {
   std::vector<Row> rows;
   std::optional<double> single_ms;
   for (const Mode& mode : kModes) {
     if (!cfg.modes.count(mode.name)) continue;
-    const double cpus = spread(measureCpuSpeeds());
+    const double cpus = first_spread ? *first_spread : spread(measureCpuSpeeds());
+    first_spread.reset();
     Row row = mode.run(spec, data, cfg);
     row.extra["cpu_spread"] = cpus;
     if (mode.speedup == Speedup::kBase) {
@@ -110,12 +113,18 @@ std::string describeRound(int r, int rounds, const std::vector<Row>& rows) {
 
 // Round `r`, run again while --quiet-cpus finds it disturbed (up to kMaxRedos
 // times, counted in `redone`); prints the round, and each run thrown away with why.
+// `after`: with --quiet-cpus, the spread measured right after the last round
+// (its check), which is also the spread before the next round's first row; in
+// and out, so the probe does not run twice between two rounds.
 std::vector<Row> runQuietRound(const ModelSpec& spec, const Data& data, const Config& cfg, int r,
-                               int& redone) {
+                               int& redone, std::optional<double>& after) {
   for (int run = 0;; ++run) {
-    std::vector<Row> rows = runRound(spec, data, cfg);
+    std::vector<Row> rows = runRound(spec, data, cfg, after);
     double widest = 1.0;  // with --quiet-cpus: the spread before any row or right after the last
-    if (cfg.quiet_cpus > 0) widest = std::max(widestSpread(rows), spread(measureCpuSpeeds()));
+    if (cfg.quiet_cpus > 0) {
+      after = spread(measureCpuSpeeds());
+      widest = std::max(widestSpread(rows), *after);
+    }
     const bool disturbed = cfg.quiet_cpus > 0 && widest > cfg.quiet_cpus;
     const std::string line = "  " + describeRound(r, cfg.rounds, rows);
     if (!disturbed || run == kMaxRedos) {
@@ -147,8 +156,9 @@ std::vector<Row> runModel(const ModelSpec& spec, const Config& cfg) {
   round.steps = (cfg.steps + cfg.rounds - 1) / cfg.rounds;
   std::vector<std::vector<Row>> by_mode;  // [mode][round]
   int redone = 0;
+  std::optional<double> after;  // --quiet-cpus: the spread right after the last round
   for (int r = 0; r < cfg.rounds; ++r) {
-    std::vector<Row> rows = runQuietRound(spec, data, round, r, redone);
+    std::vector<Row> rows = runQuietRound(spec, data, round, r, redone, after);
     by_mode.resize(rows.size());
     for (std::size_t m = 0; m < rows.size(); ++m) by_mode[m].push_back(std::move(rows[m]));
   }
