@@ -227,16 +227,22 @@ def main():
         params = sum(p.numel() for p in nets.build(spec).parameters())
         per_round = max(1, -(-steps // args.rounds))
         rounds = {}  # mode -> [(result, speedup against that round's single)]
-        for _ in range(args.rounds):
+        for k in range(args.rounds):
             single_ms = None
+            line = []  # this round's ms per step, mode by mode (the median round hides them)
             for mode in modes:
                 r = run_mode(parser, mode, spec, size, per_round, warmup, args)
                 if r is None:
                     continue
                 if mode == "single":
                     single_ms = r["ms_per_step"]
-                rounds.setdefault(mode, []).append(
-                    (r, single_ms / r["ms_per_step"] if single_ms else None))
+                sp = single_ms / r["ms_per_step"] if single_ms else None
+                rounds.setdefault(mode, []).append((r, sp))
+                line.append(f"{mode} {r['ms_per_step']:.4g}"
+                            + (f" ({sp:.3g}x)" if sp and mode != "single" else ""))
+            if args.rounds > 1:
+                print(f"  {name} round {k + 1}/{args.rounds}: {', '.join(line)} ms",
+                      file=sys.stderr, flush=True)
         for mode, results in rounds.items():
             results.sort(key=lambda rs: rs[0]["ms_per_step"])
             r = results[len(results) // 2][0]

@@ -57,3 +57,8 @@ def test_bench_short_run_writes_a_row_per_model_and_mode(tmp_path):
                and row["round_min_ms"] <= row["ms_per_step"] <= row["round_max_ms"]
                for row in rows), rows
     assert rows[0]["speedup_vs_single"] == 1.0
+    # Each round's own ms go to stderr, mode by mode, with the ratio against its single.
+    rounds = [line for line in r.stderr.splitlines() if " round " in line]
+    assert len(rounds) == 4, r.stderr
+    assert re.match(r"\s+cnn round 2/2: single [0-9.e+]+, gradagg [0-9.e+]+ \([0-9.e+]+x\), "
+                    r"ddp [0-9.e+]+ \([0-9.e+]+x\) ms$", rounds[-1]), rounds
