@@ -89,6 +89,16 @@ struct AsName {
   }
 };
 
+// A secret (the job token): read and written as the string it is, but __repr__
+// shows only whether it is set, so printing the options, or a log or traceback
+// that shows them, does not write the secret out.
+struct AsSecret {
+  using Py = std::string;
+  Py toPy(const std::string& v) const { return v; }
+  std::string fromPy(std::string v, const char* /*name*/) const { return v; }
+  static std::string shown(const std::string& v) { return v.empty() ? "''" : "'<set>'"; }
+};
+
 AsSeconds asSeconds(const char* prefix = "") { return {prefix}; }
 template <class E>
 AsName<E> asName(const EnumNames<E>& names, const char* prefix = "") {
@@ -106,6 +116,11 @@ struct Field {
 
   Py get(const T& o) const { return conv.toPy(o.*member); }
   void set(T& o, Py value) const { o.*member = conv.fromPy(std::move(value), name); }
+  // What __repr__ shows: repr() of the Python value, or a secret's stand-in.
+  std::string shown(const T& o) const {
+    if constexpr (std::is_same_v<Conv, AsSecret>) return AsSecret::shown(o.*member);
+    return std::string(py::repr(py::cast(get(o))));
+  }
 
   // As it is: def_readwrite's, whose NodeOptions is the Options' own (o.nodes.x = v sets it).
   void bindAttribute(py::class_<T>& c) const {
@@ -141,8 +156,9 @@ const std::tuple kNodeFields{
           "the TCPStore is served by a launcher (torchrun's agent): node 0 connects too"),
     field("store_prefix", &NodeOptions::store_prefix),
     field("interface", &NodeOptions::interface),
-    field("token", &NodeOptions::token,
-          "the job token: the nodes prove it to each other before anything crosses"),
+    field("token", &NodeOptions::token, AsSecret{},
+          "the job token: the nodes prove it to each other before anything crosses "
+          "(repr shows only whether it is set)"),
     field("timeout", &NodeOptions::timeout, asSeconds("nodes.")),
     field("checksum_interval", &NodeOptions::checksum_interval),
     field("compression", &NodeOptions::compression, asName(kCompressions, "NodeOptions."),
@@ -208,9 +224,7 @@ void bindRepr(py::class_<T>& c, const std::tuple<F...>& fields) {
     std::string text;
     std::apply(
         [&](const F&... f) {
-          ((text += fmt::format("{}{}={}", text.empty() ? "" : ", ", f.name,
-                                std::string(py::repr(py::cast(f.get(o)))))),
-           ...);
+          ((text += fmt::format("{}{}={}", text.empty() ? "" : ", ", f.name, f.shown(o))), ...);
         },
         fields);
     return fmt::format("{}({})", type, text);

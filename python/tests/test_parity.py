@@ -155,6 +155,15 @@ def test_every_option_field_is_a_keyword_and_in_the_repr(cls):
     assert repr(cls(**{n: getattr(defaults, n) for n in fields})) == repr(defaults)
 
 
+def test_the_repr_shows_whether_a_job_token_is_set_never_the_token():
+    nodes = gradagg.NodeOptions(token="s3cret-token")
+    assert nodes.token == "s3cret-token"  # the attribute is the value itself
+    options = gradagg.Options(nodes=nodes)
+    for text in (repr(nodes), repr(options), str(options)):
+        assert "s3cret" not in text and "token='<set>'" in text, text
+    assert "token=''" in repr(gradagg.NodeOptions())
+
+
 def test_the_aggregator_keywords_default_to_the_options_defaults():
     defaults = gradagg.Options()
     parameters = inspect.signature(gradagg.Aggregator.__init__).parameters
