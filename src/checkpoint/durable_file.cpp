@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -99,7 +100,7 @@ std::size_t readUpTo(int fd, char* out, std::size_t n, const std::string& path) 
   return done;
 }
 
-// "<path>.tmp-<pid>" files left by writers killed mid-save (kill -9, a power
+// "<path>.tmp-<pid>[.<n>]" files left by writers killed mid-save (kill -9, a power
 // cut): removed once their process is gone; at once under the path's lock (no
 // other run writes it), else once they are 10 minutes old (a slow writer on
 // another host of a shared file system, whose pid means nothing here, keeps
@@ -114,9 +115,13 @@ void removeOrphans(const std::string& path) {
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string digits = name.substr(prefix.size());
+    // "<pid>" or "<pid>.<write>" (the write's number within its process).
+    const std::string rest = name.substr(prefix.size());
+    const std::string digits = rest.substr(0, rest.find('.'));
+    const std::string write = rest.size() > digits.size() ? rest.substr(digits.size() + 1) : "0";
     if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
-        digits.size() > 9)
+        digits.size() > 9 || write.empty() ||
+        write.find_first_not_of("0123456789") != std::string::npos)
       continue;
     const pid_t pid = static_cast<pid_t>(std::stol(digits));
     if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
@@ -153,11 +158,14 @@ void writeDurably(const std::string& path, const std::string& payload) {
   std::memcpy(header + 16, &length, 8);
   std::memcpy(header + 24, &crc, 8);
 
-  // A temporary file beside it, fsync'ed; removed on any failure.
-  const std::string tmp = fmt::format("{}.tmp-{}", path, ::getpid());
+  // A temporary file beside it, fsync'ed; removed on any failure. Its own for
+  // this write: two threads saving the same path at once each rename a whole
+  // file over it (the later wins), never one file both wrote into.
+  static std::atomic<std::uint64_t> writes{0};
+  const std::string tmp = fmt::format("{}.tmp-{}.{}", path, ::getpid(), writes.fetch_add(1));
   FileSizeSignalIgnored no_sigxfsz;
   Fd f;
-  f.fd = ::open(tmp.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+  f.fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
   if (f.fd < 0) fail(path, fmt::format("creating {} failed: {}", tmp, osError(errno)));
   try {
     writeAll(f.fd, header, sizeof header, path, tmp);

@@ -27,11 +27,12 @@ inline constexpr const char* kPopulationFormat = "gradagg-population/1";  // Pop
 // missing or does not accept a new file (a probe file is created and removed).
 void checkWritable(const std::string& path);
 
-// Writes header + payload to "<path>.tmp-<pid>", fsyncs and closes it, renames
-// it over `path` and fsyncs the directory. On any failure the temporary file is
-// removed and `path` keeps what it had. SIGXFSZ is ignored while writing, so a
-// file-size limit is an error (EFBIG), not a core dump.
-// Afterwards, "<path>.tmp-<pid>" files of processes that no longer exist are
+// Writes header + payload to "<path>.tmp-<pid>.<n>" (n: this process's n-th
+// write, so concurrent writes of one path never share a file), fsyncs and
+// closes it, renames it over `path` and fsyncs the directory. On any failure the
+// temporary file is removed and `path` keeps what it had. SIGXFSZ is ignored
+// while writing, so a file-size limit is an error (EFBIG), not a core dump.
+// Afterwards, "<path>.tmp-<pid>[.<n>]" files of processes that no longer exist are
 // removed (left by a writer killed mid-save): at once where this process holds
 // the path's CheckpointLock (no other run writes it), else once 10 minutes old.
 void writeDurably(const std::string& path, const std::string& payload);

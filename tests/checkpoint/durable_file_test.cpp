@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include <gradagg/checkpoint.h>
 
@@ -94,6 +95,45 @@ TEST(DurableFile, UnderTheLockADeadWritersFreshTemporaryFileGoesAtOnce) {
   EXPECT_FALSE(std::filesystem::exists(dead_new)) << "a dead writer's fresh file stayed";
   EXPECT_TRUE(std::filesystem::exists(alive_new)) << "a live process's file was removed";
   EXPECT_EQ(gradagg::detail::readVerified(path), "payload");
+}
+
+// Two threads of one process saving the same path at once (a periodic save in
+// the background and the final one): every save leaves one writer's whole file,
+// never a mix of both, and no temporary file stays.
+TEST(DurableFile, TwoThreadsSavingOnePathAtOnceEachLeaveAWholeFile) {
+  TempDir dir("durable");
+  const std::string path = dir.file("run.ckpt");
+  const std::string a(3 << 20, 'a'), b(2 << 20, 'b');  // different sizes and bytes
+  for (int round = 0; round < 20; ++round) {
+    std::string failed;  // the other thread's error, if any
+    std::thread other([&] {
+      try {
+        gradagg::detail::writeDurably(path, b);
+      } catch (const std::exception& e) {
+        failed = e.what();
+      }
+    });
+    EXPECT_NO_THROW(gradagg::detail::writeDurably(path, a)) << "round " << round;
+    other.join();
+    ASSERT_EQ(failed, "") << "round " << round;
+    const std::string got = gradagg::detail::readVerified(path);
+    ASSERT_TRUE(got == a || got == b) << "round " << round << ": " << got.size() << " bytes";
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+    EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
+}
+
+// A dead writer's file of the per-write form "<path>.tmp-<pid>.<n>" is an orphan too.
+TEST(DurableFile, ADeadWritersNumberedTemporaryFileGoesToo) {
+  TempDir dir("durable");
+  const std::string path = dir.file("run.ckpt");
+  const std::string dead = path + ".tmp-" + std::to_string(deadPid()) + ".7";
+  const std::string not_ours = path + ".tmp-" + std::to_string(deadPid()) + ".x";
+  touch(dead, std::time(nullptr) - 3600);
+  touch(not_ours, std::time(nullptr) - 3600);
+  gradagg::detail::writeDurably(path, "payload");
+  EXPECT_FALSE(std::filesystem::exists(dead)) << "a dead writer's numbered file stayed";
+  EXPECT_TRUE(std::filesystem::exists(not_ours)) << "a file not of our form was removed";
 }
 
 }  // namespace
