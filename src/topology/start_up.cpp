@@ -94,8 +94,22 @@ c10::intrusive_ptr<c10d::Store> openStore(const NodeOptions& o, const Deadline& 
 
 
 
+// c10d's ProcessGroupGloo, whose collectives (allgather, allreduce, broadcast)
+// wait as long as its gloo contexts' timeout, which the constructor sets from
+// the one it connects with: connected within what is left of the start-up,
+// then given the whole NodeOptions::timeout for every collective after, so a
+// node that waited long for a late peer does not fail a collective early.
+class GlooGroup final : public c10d::ProcessGroupGloo {
+ public:
+  using ProcessGroupGloo::ProcessGroupGloo;
+  void setCollectiveTimeout(std::chrono::milliseconds timeout) {
+    for (auto& context : contexts_) context->setTimeout(timeout);
+  }
+};
+
 // c10d's group (the start-up exchanges, the checksums) and the step's own gloo
-// context, both over `store`, each with what is left of the deadline.
+// context, both over `store`, each connected within what is left of the
+// deadline and then waiting up to o.timeout in each collective.
 Groups connectGroups(const NodeOptions& o, const c10::intrusive_ptr<c10d::Store>& store,
                      const Deadline& deadline) {
   Groups g;
@@ -105,7 +119,9 @@ Groups connectGroups(const NodeOptions& o, const c10::intrusive_ptr<c10d::Store>
                                  ? c10d::ProcessGroupGloo::createDefaultDevice()
                                  : c10d::ProcessGroupGloo::createDeviceForInterface(o.interface));
   options->threads = 2;
-  g.group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.node_rank, o.nodes, options);
+  auto group = c10::make_intrusive<GlooGroup>(store, o.node_rank, o.nodes, options);
+  group->setCollectiveTimeout(o.timeout);
+  g.group = group;
   GlooStore step_store(c10::make_intrusive<c10d::PrefixStore>("step", store));
   g.context = std::make_shared<::gloo::rendezvous::Context>(o.node_rank, o.nodes);
   g.context->setTimeout(deadline.left());

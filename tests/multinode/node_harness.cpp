@@ -247,6 +247,7 @@ NodeResult trainNode(const NodeRun& run) {
           gradagg::Message message;
           if (run.metrics_and_message) message.set("node", run.node);
           if (run.interrupt_after_ms >= 0 && s == run.interrupt_at_step) interruptLater();
+          if (s == run.pause_before_step) std::this_thread::sleep_for(run.pause);
           const gradagg::StepReport& report = agg->step(message);
           result.metrics = report.metrics;
           result.worker0_metrics = report.workers[0].metrics;

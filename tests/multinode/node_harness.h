@@ -66,6 +66,8 @@ struct NodeRun {
   int empty_from_global_rank = -1;
   int all_empty_at_step = -1;  // every worker of this node has 0 samples then
   int checksum_interval = 2;   // NodeOptions::checksum_interval
+  int pause_before_step = -1;  // this node's parent sleeps `pause` before calling that step
+  std::chrono::milliseconds pause{0};
   gradagg::Weighting weighting = gradagg::Weighting::kBySamples;
 };
 
