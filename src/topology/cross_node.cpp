@@ -110,27 +110,31 @@ StepTotals CrossNode::reduce(const StepTotals& local, std::vector<std::uint8_t>&
 
 void CrossNode::sumMetrics(const StepTotals& local, StepTotals& out) {
   // Every node whose workers returned metrics returns the same names (each
-  // node's parent checked its own against its first step): then the counts
-  // summed are (nodes with metrics) x count. A node without (its workers had
-  // no samples) takes part with zeros.
+  // node's parent checked its own against its first step). A node without
+  // (its workers had no samples) takes part with zeros. Whether the nodes
+  // agree is decided from sums only, so that every node decides alike (a node
+  // that went on alone would wait in a collective nobody else joins): with
+  // counts c_i on the `with` nodes that have any, all are equal exactly when
+  // with * sum(c_i^2) == (sum c_i)^2; the squares cross with the values.
   const int with = out.metric_count % kMetricNodes, names = out.metric_count / kMetricNodes;
   if (with == 0) {
     out.metric_count = 0;
     return;
   }
-  if (names % with != 0 || (local.metric_count > 0 && names != local.metric_count * with))
+  constexpr int kSquares = ShardResult::kMaxMetrics;  // the slot after the values
+  if (!metrics_.defined()) metrics_ = at::zeros({kSquares + 1}, at::kDouble);
+  double* values = metrics_.data_ptr<double>();
+  for (int i = 0; i < kSquares; ++i) values[i] = i < local.metric_count ? local.metrics[i] : 0;
+  values[kSquares] = static_cast<double>(local.metric_count) * local.metric_count;
+  group_.allreduceSum(metrics_, "the cross-node metric allreduce");
+  ++out.collectives;
+  if (static_cast<double>(with) * values[kSquares] != static_cast<double>(names) * names)
     throw InvalidArgument(fmt::format(
-        "gradagg: the nodes' shard functions return different metrics (node {}: {} names, "
-        "{} over the {} nodes that returned any); every node must return the same names",
+        "gradagg: the nodes' shard functions return different metrics (node {}: {} names; "
+        "{} names over the {} nodes that returned any); every node must return the same names",
         group_.rank(), local.metric_count, names, with));
   out.metric_count = names / with;
-  if (!metrics_.defined()) metrics_ = at::zeros({ShardResult::kMaxMetrics}, at::kDouble);
-  double* values = metrics_.data_ptr<double>();
-  for (int i = 0; i < ShardResult::kMaxMetrics; ++i)
-    values[i] = i < local.metric_count ? local.metrics[i] : 0;
-  group_.allreduceSum(metrics_, "the cross-node metric allreduce");
   for (int i = 0; i < out.metric_count; ++i) out.metrics[i] = values[i];
-  ++out.collectives;
 }
 
 void CrossNode::unionRows(const std::vector<std::uint8_t>& any_grad, StepTotals& out) {

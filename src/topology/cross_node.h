@@ -112,7 +112,8 @@ class CrossNode final : public ReductionStage {
   c10::ScalarType status_dtype_ = c10::ScalarType::Double;
   std::vector<at::Tensor> first_buffers_;  // views of the buffers shareFirstBuffers gets
   RowMap row_map_;
-  at::Tensor metrics_;  // ShardResult::kMaxMetrics doubles: the metric sums that cross
+  at::Tensor metrics_;  // ShardResult::kMaxMetrics doubles, the metric sums that cross, and the
+                        // sum of the nodes' squared name counts (sumMetrics)
   const std::byte* first_buffers_base_ = nullptr;
   // The sender thread and what it shares with the parent's thread.
   std::thread sender_;

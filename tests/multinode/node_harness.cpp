@@ -239,6 +239,7 @@ NodeResult trainNode(const NodeRun& run) {
                 r.metrics = {{"rows", static_cast<double>(e - b)},
                              {"step", static_cast<double>(c.step)},
                              {"seen_node", c.message.at("node").item<double>()}};
+              for (int i = 0; i < run.metric_names; ++i) r.metrics["m" + std::to_string(i)] = 1;
               return r;
             },
             o);

@@ -61,6 +61,7 @@ struct NodeRun {
   // Each step the parent sends {"node": node} as the message, and the shard
   // function returns the metrics rows, step and seen_node (the message's node).
   bool metrics_and_message = false;
+  int metric_names = 0;  // > 0: the shard function returns this many metrics, "m0", "m1", ... = 1
   // Workers of this global rank and above have 0 samples every step; the batch
   // is shared by the others.
   int empty_from_global_rank = -1;

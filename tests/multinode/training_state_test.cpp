@@ -60,6 +60,31 @@ TEST_F(MultiNode, ANodeWhoseWorkersHaveNothingLeavesTheMeanOverTheSamplesThatExi
     EXPECT_TRUE(torch::equal(results[0].params[k], results[1].params[k])) << "tensor " << k;
 }
 
+// Nodes whose shard functions return different numbers of metrics (1, 3 and
+// 2 names: the third has the mean count) all refuse the step at once, not two
+// of them while the third waits alone in the metric collective until its timeout.
+TEST_F(MultiNode, NodesWithDifferentMetricsAllRefuseTheStepAtOnce) {
+  std::vector<NodeRun> runs;
+  for (const int names : {1, 3, 2}) {
+    NodeRun run;
+    run.node = static_cast<int>(runs.size());
+    run.nodes = 3;
+    run.workers = 1;
+    run.steps = 2;
+    run.store = store("metrics");
+    run.timeout = std::chrono::milliseconds(8000);
+    run.metric_names = names;
+    runs.push_back(run);
+  }
+  const auto results = runNodes(runs);
+  for (int n = 0; n < 3; ++n) {
+    EXPECT_EQ(results[n].outcome, kInvalidArgument) << "node " << n << ": " << results[n].what;
+    EXPECT_NE(results[n].what.find("return different metrics"), std::string::npos)
+        << results[n].what;
+    EXPECT_LT(results[n].seconds, 6.0) << "node " << n << " waited for its timeout";
+  }
+}
+
 // Embedding(sparse=true) across nodes: every node's parent gets the sparse
 // .grad of the rows touched anywhere (the rows cross in a collective of their
 // own), also a node whose workers had nothing, and SGD trains as one process.
