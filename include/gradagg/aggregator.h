@@ -58,6 +58,8 @@ class Aggregator {
   // The global step the next step() computes: Options::start_step plus the
   // steps that went through (skipped ones included).
   std::int64_t stepsDone() const noexcept;
+  // The options it runs with (a moved-from Aggregator: the defaults, workers()
+  // is 0 and usable() false).
   const Options& options() const noexcept;
   // Intra-op threads each worker runs (Options::threads_per_worker, resolved).
   int threadsPerWorker() const;

@@ -388,7 +388,10 @@ void Aggregator::shutdown() {
 bool Aggregator::usable() const noexcept { return impl_ && impl_->channel.usable(); }
 int Aggregator::workers() const noexcept { return impl_ ? impl_->options.workers : 0; }
 std::int64_t Aggregator::stepsDone() const noexcept { return impl_ ? impl_->steps_done : 0; }
-const Options& Aggregator::options() const noexcept { return impl_->options; }
+const Options& Aggregator::options() const noexcept {
+  static const Options kMovedFrom;  // a moved-from Aggregator has none of its own
+  return impl_ ? impl_->options : kMovedFrom;
+}
 int Aggregator::threadsPerWorker() const {
   return impl_ ? impl_->worker_threads : 0;
 }

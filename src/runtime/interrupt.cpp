@@ -7,6 +7,8 @@
 
 #include <gradagg/interrupt.h>
 
+#include "runtime/timeouts.h"
+
 namespace gradagg {
 namespace {
 // Written by a signal handler (interruptWaits), read by the waits; lock-free,
@@ -23,7 +25,9 @@ void interruptWaits() noexcept { interruptWaits(std::chrono::milliseconds(0)); }
 
 void interruptWaits(std::chrono::milliseconds patience) noexcept {
   if (g_interrupted.load(std::memory_order_acquire)) return;  // the first request stands
-  g_patience_ns.store(std::max<std::int64_t>(0, patience.count()) * 1000000,
+  // Capped as every timeout here (runtime/timeouts.h): milliseconds::max() as
+  // "never" would overflow the nanoseconds.
+  g_patience_ns.store(std::max<std::int64_t>(0, detail::saturated(patience).count()) * 1000000,
                       std::memory_order_relaxed);
   g_requested_ns.store(detail::monotonicNowNs(), std::memory_order_relaxed);
   g_interrupted.store(true, std::memory_order_release);

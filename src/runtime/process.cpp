@@ -144,7 +144,13 @@ pid_t ProcessSet::respawn(std::size_t i, const std::function<int()>& body) {
   if (!c.exit) {
     ::kill(c.pid, SIGKILL);
     int status = 0;
-    while (::waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {}
+    const pid_t r = [&] {
+      pid_t got;
+      while ((got = ::waitpid(c.pid, &status, 0)) < 0 && errno == EINTR) {}
+      return got;
+    }();
+    // Reaped: should the fork below fail, this pid is never signalled again.
+    c.exit = r == c.pid ? fromWaitStatus(status) : ProcessExit{};
   }
   c = Child{forkChild(body), std::nullopt};
   return c.pid;

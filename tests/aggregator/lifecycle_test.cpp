@@ -44,6 +44,11 @@ TEST_F(Behaviour, MovedAggregatorKeepsWorking) {
   gradagg::Aggregator b(std::move(a));
   EXPECT_NO_THROW(b.step());
   EXPECT_THROW(a.step(), gradagg::NotUsable);  // NOLINT(bugprone-use-after-move)
+  // What is left of `a` still answers its accessors.
+  EXPECT_FALSE(a.usable());
+  EXPECT_EQ(a.workers(), 0);
+  EXPECT_EQ(a.options().workers, gradagg::Options().workers);
+  EXPECT_EQ(b.options().workers, 2);
 }
 
 TEST_F(Behaviour, ModelGetsItsOwnMemoryBackWhenTheAggregatorIsDestroyed) {
