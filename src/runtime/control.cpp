@@ -124,6 +124,13 @@ void ParentChannel::await(const std::atomic<std::uint32_t>& line, std::chrono::m
     const auto deadline = since + timeout + stopped_;
     if (now >= deadline) {
       const int k = lateRank();
+      // Every worker done but `line` not yet 0: the last one's arrival is a
+      // moment away (it marks itself done first). Not a timeout; wait for it.
+      if (k < 0 && now < deadline + kLivenessSlice) {
+        futexWait(line, left, kLivenessSlice);
+        continue;
+      }
+      GRADAGG_ENFORCE(k >= 0, "deadline passed but every {} is done", names_.worker);
       fail<StepTimeout>(k, fmt::format("gradagg: {} {} did not finish {} within {} ms (it is in "
                                        "phase '{}'); the {} were stopped",
                                        names_.worker, k, what.describe(), timeout.count(),
@@ -161,7 +168,8 @@ void ParentChannel::checkInterrupt(const Awaited& what) {
 }
 
 // The worker to blame for a missed deadline: the first that has not finished
-// and is not waiting for its peers (they wait for it), else the first not done.
+// and is not waiting for its peers (they wait for it), else the first not
+// done; -1 when every worker is done.
 int ParentChannel::lateRank() const {
   int not_done = -1;
   for (int k = 0; k < workers(); ++k) {
@@ -169,7 +177,6 @@ int ParentChannel::lateRank() const {
     if (!names_.peer_wait_phase || phaseOf(k) != *names_.peer_wait_phase) return k;
     if (not_done < 0) not_done = k;
   }
-  GRADAGG_ENFORCE(not_done >= 0, "deadline passed but every {} is done", names_.worker);
   return not_done;
 }
 
