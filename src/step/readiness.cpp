@@ -1,6 +1,9 @@
 #include "step/readiness.h"
 
 #include <functional>
+#include <stdexcept>
+
+#include <fmt/format.h>
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -47,6 +50,7 @@ BucketReadiness::BucketReadiness(ModelBinding& binding, const SlotWriter& slot,
 void BucketReadiness::arm() {
   if (early_ == 0) return;
   pending_ = pending_of_;
+  counted_.assign(binding_.params().size(), 0);
   armed_ = true;
 }
 
@@ -56,6 +60,26 @@ void BucketReadiness::accumulated(std::size_t k, int bucket) {
     armed_ = false;
     return;
   }
+  // Accumulated again in the same backward: a reentrant backward over this
+  // parameter (torch.utils.checkpoint with use_reentrant=True recomputes its
+  // segment and runs a backward of its own inside this one) as well as the
+  // model's own use. Its first accumulation was not its last: while its bucket
+  // is still here that is harmless (counted once, it leaves after this one);
+  // once the bucket has gone, the other nodes got part of its gradient, and
+  // the step fails rather than apply a wrong sum (DDP's Reducer refuses the
+  // same: "mark a variable ready only once").
+  if (counted_[k]) {
+    if (bucket < next_)
+      throw std::runtime_error(fmt::format(
+          "gradagg: parameter '{}' got its gradient twice in one backward (a reentrant "
+          "backward over it, e.g. torch.utils.checkpoint with use_reentrant=True on a segment "
+          "that uses it, besides the model's own use), after its bucket had gone to the other "
+          "nodes with the first part; set NodeOptions::overlap = false (GRADAGG_OVERLAP=0) so "
+          "the buckets leave after backward, or use a non-reentrant checkpoint",
+          binding_.params()[k].name));
+    return;
+  }
+  counted_[k] = 1;
   --pending_[static_cast<std::size_t>(bucket)];
   while (next_ < early_ && pending_[static_cast<std::size_t>(next_)] == 0)
     channel_.arrive(lines_[next_++]);

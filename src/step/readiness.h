@@ -5,7 +5,9 @@
 // ready from autograd hooks).
 //
 // A post hook on each hooked parameter's gradient accumulator counts it off
-// during the last backward of a step (between arm() and disarm()). A shard
+// during the last backward of a step (between arm() and disarm()), once: a
+// second accumulation in the same backward (a reentrant backward) after its
+// bucket has gone fails the step (accumulated()). A shard
 // function that moves .grad elsewhere disarms it for the step: its gradient is
 // not in the slot until SlotWriter::write copies it, and the lines are taken
 // at the end instead.
@@ -50,6 +52,7 @@ class BucketReadiness {
   int early_ = 0;
   std::vector<int> pending_of_;  // each early bucket's hooked parameters
   std::vector<int> pending_;     // of them, those still without this step's gradient
+  std::vector<std::uint8_t> counted_;  // per parameter: accumulated in this backward already
   int next_ = 0;                 // the next line to take
   bool armed_ = false;
   std::vector<std::shared_ptr<void>> accumulators_;  // the variables hold them weakly

@@ -22,6 +22,27 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// 0.5 * sum(p), whose backward runs a backward of its own over p (a reentrant
+// backward, as torch.utils.checkpoint(use_reentrant=True) does): p's gradient
+// accumulator runs there, and again for the model's own use of p.
+struct ReentrantHalfSum : torch::autograd::Function<ReentrantHalfSum> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& p) {
+    ctx->save_for_backward({p});
+    return p.detach().sum() * 0.5;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    const torch::Tensor p = ctx->get_saved_variables()[0];
+    torch::Tensor again;
+    {
+      torch::AutoGradMode on(true);
+      again = p.sum() * 0.5;
+    }
+    torch::autograd::backward({again}, {grad[0]});
+    return {torch::Tensor()};
+  }
+};
+
 // Calls f() and says how it ended, keeping the error's message in *what.
 template <typename F>
 Outcome outcomeOf(F&& f, std::string* what) {
@@ -234,6 +255,8 @@ NodeResult trainNode(const NodeRun& run) {
               }
               auto loss = model->loss(model->forward(data.x.slice(0, b, e)), data.y.slice(0, b, e));
               if (c.step == run.nan_loss_at_step && c.rank == 0) loss = loss * std::nan("");
+              if (run.reentrant_last_param)
+                loss = loss + ReentrantHalfSum::apply(model->parameters().back());
               gradagg::ShardResult r{loss, e - b, {}};
               if (run.metrics_and_message)
                 r.metrics = {{"rows", static_cast<double>(e - b)},

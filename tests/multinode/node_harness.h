@@ -57,6 +57,10 @@ struct NodeRun {
   // gradient of the model's first parameter (the last bucket's) is computed.
   int kill_worker_in_backward_at_step = -1;
   bool drop_grads = false;  // the shard function sets every .grad to undefined first
+  // The loss gets a term whose backward runs a backward of its own over the
+  // last parameter (as torch.utils.checkpoint with use_reentrant=True does):
+  // that parameter's gradient is accumulated twice in one backward.
+  bool reentrant_last_param = false;
   int slow_first_layer_ms = 0;  // backward sleeps this long before the first parameter's gradient
   // Each step the parent sends {"node": node} as the message, and the shard
   // function returns the metrics rows, step and seen_node (the message's node).

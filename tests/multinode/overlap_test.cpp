@@ -238,5 +238,31 @@ TEST_F(MultiNode, AWorkerThrowingWithBucketsFailsTheStepOnEveryNode) {
   EXPECT_EQ(results[1].outcome, kNodeFailed) << results[1].what;
 }
 
+// A parameter whose gradient is accumulated twice in one backward (a reentrant
+// backward over it besides the model's own use): with overlap its bucket left
+// after the first accumulation (the model's last parameter is the first bucket,
+// complete as soon as the reentrant part ran), so the step fails naming it
+// rather than sum a partial
+// gradient across the nodes. With the buckets after backward the same training
+// runs: the nodes agree and match one node.
+TEST_F(MultiNode, AGradientAccumulatedTwiceAfterItsBucketLeftFailsTheStep) {
+  NodeRun run;
+  run.bucket_bytes = kTinyBuckets;
+  run.reentrant_last_param = true;
+  run.steps = 2;
+  const auto overlapped = nodesOf(run, 2, store("overlap"));
+  bool named = false;
+  for (const auto& r : overlapped) {
+    EXPECT_NE(r.outcome, kOk);
+    named = named || r.what.find("got its gradient twice in one backward") != std::string::npos;
+  }
+  EXPECT_TRUE(named) << overlapped[0].what << "\n" << overlapped[1].what;
+  run.overlap = false;
+  const auto after = nodesOf(run, 2, store("after"));
+  expectAllOk(after);
+  EXPECT_TRUE(bitIdentical(after[0].params, after[1].params));
+  expectClose(after[0].params, trainOneNode(4, run), 1e-12, "2 nodes x 2 vs one node of 4");
+}
+
 }  // namespace
 }  // namespace gradagg_test
