@@ -382,9 +382,7 @@ const StepReport& Aggregator::step(const Message& message) {
   if (!impl_) throw NotUsable("gradagg: the aggregator was moved from");
   return impl_->step(message);
 }
-void Aggregator::shutdown() {
-  if (impl_) impl_->shutdown();
-}
+void Aggregator::shutdown() { if (impl_) impl_->shutdown(); }
 bool Aggregator::usable() const noexcept { return impl_ && impl_->channel.usable(); }
 int Aggregator::workers() const noexcept { return impl_ ? impl_->options.workers : 0; }
 std::int64_t Aggregator::stepsDone() const noexcept { return impl_ ? impl_->steps_done : 0; }
@@ -392,9 +390,7 @@ const Options& Aggregator::options() const noexcept {
   static const Options kMovedFrom;  // a moved-from Aggregator has none of its own
   return impl_ ? impl_->options : kMovedFrom;
 }
-int Aggregator::threadsPerWorker() const {
-  return impl_ ? impl_->worker_threads : 0;
-}
+int Aggregator::threadsPerWorker() const { return impl_ ? impl_->worker_threads : 0; }
 std::vector<int> Aggregator::workerPids() const {
   if (!impl_ || !impl_->channel.usable()) return {};
   return impl_->processes.pids();
