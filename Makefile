@@ -7,10 +7,18 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
 # Debian 12 packages the build needs.
+#  - libopenblas0-openmp: LibTorch calls whatever libblas.so.3 the system provides,
+#    and libtorch-dev alone brings the reference BLAS (one thread, 10-37x slower).
+#    The OpenMP build, not the pthreads one: it takes its threads from LibTorch's own
+#    setting (at::set_num_threads) and shares LibTorch's libgomp pool, where the
+#    pthreads build keeps a second pool of its own (docs/benchmark.md, "The BLAS").
+#    Debian's alternatives then point libblas.so.3 at it; libblas3 stays installed
+#    beside it (the tests check the warning gradagg logs on it).
+#  - ccache: rebuilds, and CI's fresh clones, reuse what was compiled before.
 PACKAGES := cmake g++ make libtorch-dev libboost-dev libfmt-dev libgtest-dev libcli11-dev \
             libgloo-dev libssl-dev nlohmann-json3-dev gnuplot-nox zlib1g-dev dataset-fashion-mnist \
             python3-dev python3-torch pybind11-dev python3-pytest python3-setuptools python3-pip \
-            python3-venv
+            python3-venv libopenblas0-openmp libblas3 liblapack3 ccache
 
 .PHONY: all deps configure build demo test test-asan bench install clean
 

@@ -1,6 +1,9 @@
 // gradagg-bench: the same model and global batch trained, side by side in one
 // run, by
-//   single       one process (forward, backward, optimizer step);
+//   single       one process as users run it, a fresh one (forward, backward,
+//                optimizer step), and single-kept with the workers' heap settings;
+//   ceiling      N independent processes side by side on their shares, no
+//                communication: what any split can reach;
 //   shm          gradagg::Aggregator with N forked workers, then optimizer.step();
 //   gloo         N forked peers, DDP style: each computes its shard's gradient
 //                into one flat buffer, c10d ProcessGroupGloo allreduce, divide
@@ -34,6 +37,7 @@ namespace {
 // options --short changes when they are not given.
 struct Cli {
   std::string models = "all", modes = "all";
+  std::string one_process;  // --one-process: the fresh process of single / single-kept
   CLI::Option* steps = nullptr;
   CLI::Option* warmup = nullptr;
   CLI::Option* rounds = nullptr;
@@ -63,8 +67,16 @@ void addWhatRuns(CLI::App& app, Config& cfg, Cli& cli) {
   app.add_option("-t,--threads", cfg.threads,
                  "intra-op threads in single mode (default: all cores)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", cfg.optimizer,
+                 "torch::optim optimizer of every mode: sgd (lr 0.01), adam or adamw (their "
+                 "defaults)")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
+  // How single and single-kept run: this program again, on one model.
+  app.add_option("--one-process", cli.one_process)
+      ->check(CLI::IsMember({"default", "kept"}))
+      ->group("");
   app.add_option("--modes", cli.modes,
-                 "comma list of single, shm, gloo, shm-1node, shm-2nodes, shm-2nodes-bf16, "
+                 "comma list of single, single-kept, ceiling, shm, gloo, shm-1node, shm-2nodes, shm-2nodes-bf16, "
                  "shm-2nodes-after (overlap off), reduce-only (default all)");
 }
 
@@ -93,6 +105,10 @@ void addHowItRuns(CLI::App& app, Config& cfg) {
                  "shm: each worker's share of the batch as this many micro-batches, accumulated "
                  "(Options::accumulation_steps)")
       ->check(CLI::Range(1, 1024));
+  app.add_option("--parent-threads", cfg.parent_threads,
+                 "shm, shm-2nodes*: the parent's threads (Options::parent_threads; -1: every "
+                 "core, the default; 0: as the bench runs)")
+      ->check(CLI::Range(-1, 1024));
   app.add_option("--message-bytes", cfg.message_bytes,
                  "shm: step(message) with one float32 tensor of this many bytes (0: step())")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30));
@@ -136,11 +152,10 @@ std::set<std::string> parseModeOption(const std::string& list) {
 
 // Fills `cfg` from the command line; returns the exit status when the run ends
 // there (--help, a bad option).
-std::optional<int> parseCommandLine(int argc, char** argv, Config& cfg) {
+std::optional<int> parseCommandLine(int argc, char** argv, Config& cfg, Cli& cli) {
   CLI::App app{
       "gradagg-bench: single process vs gradagg (shm) vs forked Gloo peers, and the "
       "reduction alone; one markdown row per (model, mode)"};
-  Cli cli;
   addWhatRuns(app, cfg, cli);
   addHowItRuns(app, cfg);
   try {
@@ -223,10 +238,17 @@ bool runChecks(const Config& cfg, Recorder& out) {
 
 int run(int argc, char** argv) {
   Config cfg;
+  Cli cli;
   cfg.cores = gradagg::availableCores();
-  if (const std::optional<int> status = parseCommandLine(argc, argv, cfg)) return *status;
+  if (const std::optional<int> status = parseCommandLine(argc, argv, cfg, cli)) return *status;
   resolve(cfg);
-  const Machine machine = probeMachine(TORCH_VERSION);
+  const Machine machine = probeMachine(TORCH_VERSION, cfg.optimizer);
+  if (!cli.one_process.empty()) {  // single's fresh process: one row on stdout
+    const ModelSpec& spec = cfg.models.at(0);
+    std::cout << toJsonLine(runOneProcess(spec, makeData(spec), cfg, cli.one_process), machine)
+              << "\n";
+    return 0;
+  }
   printHeader(machine, argc, argv, cfg);
   Recorder out(cfg.json, machine);
   for (const ModelSpec& spec : cfg.models)

@@ -7,6 +7,13 @@
 
 namespace gradagg::bench {
 
+std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const std::string& name, Net& model) {
+  if (name == "sgd") return std::make_unique<torch::optim::SGD>(model->parameters(), kLearningRate);
+  if (name == "adam") return std::make_unique<torch::optim::Adam>(model->parameters());
+  if (name == "adamw") return std::make_unique<torch::optim::AdamW>(model->parameters());
+  throw std::invalid_argument("optimizer '" + name + "': expected sgd, adam or adamw");
+}
+
 namespace {
 
 constexpr std::uint64_t kSeed = 20240601;

@@ -16,7 +16,11 @@
 
 namespace gradagg::bench {
 
-constexpr double kLearningRate = 0.01;  // SGD, every mode
+constexpr double kLearningRate = 0.01;  // SGD; Adam and AdamW take 1e-3 (their defaults)
+
+// --optimizer: "sgd", "adam" or "adamw" (torch::optim with default settings),
+// the same in every mode. Throws std::invalid_argument for another name.
+std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const std::string& name, Net& model);
 
 enum class Kind { kMlp, kCnn, kTransformer, kLstm };
 

@@ -23,6 +23,7 @@ struct Config {
   int steps = 20;
   int warmup = 3;
   int threads = 0;         // single mode; 0: all cores
+  std::string optimizer = "sgd";  // --optimizer: sgd, adam or adamw, every mode
   std::int64_t batch = 0;  // 0: the model's default
   std::vector<ModelSpec> models;
   std::set<std::string> modes;
@@ -34,6 +35,7 @@ struct Config {
   int accumulate = 1;                    // shm: micro-batches per worker and step
   std::int64_t message_bytes = 0;        // shm: a message of this many bytes with each step
   bool keep_worker_memory = true;        // shm, shm-2nodes*: Options::keep_worker_memory
+  int parent_threads = gradagg::Options::kEveryCore;  // shm, shm-2nodes*: Options::parent_threads
   int rounds = 3;  // each model's modes run this many times in turn, steps split among them
   double quiet_cpus = 0;  // > 0: redo a round when the CPUs' spread went past this (rounds.h)
   Placement placement;                   // the nodes' and Gloo peers' CPUs and network
@@ -77,6 +79,7 @@ class WarmUp {
 using ModeFn = Row (*)(const ModelSpec& spec, const Data& data, const Config& cfg);
 
 // modes_local.cpp: one process, and gradagg's Aggregator on one node.
+// runSingle trains in this process as it is (the body of --one-process).
 Row runSingle(const ModelSpec& spec, const Data& data, const Config& cfg);
 Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg);
 // shm-1node: shm with shm-2nodes' workers per node, at the same per-worker batch
@@ -84,6 +87,18 @@ Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg);
 Row runShmOneNode(const ModelSpec& spec, const Data& data, const Config& cfg);
 // The shard function of the gradagg modes, over `model` and `data` (both outlive it).
 gradagg::ShardFn shmShard(Net& model, const Data& data, const ModelSpec& spec);
+
+// modes_alone.cpp: the references, each in processes of their own.
+// single: a fresh process, glibc's default heap, --threads threads.
+Row runSingleAsUsersRunIt(const ModelSpec& spec, const Data& data, const Config& cfg);
+// single-kept: the same with the workers' heap settings (Options::keep_worker_memory).
+Row runSingleKeptHeap(const ModelSpec& spec, const Data& data, const Config& cfg);
+// The body of the fresh process: heap "default" or "kept", then runSingle.
+Row runOneProcess(const ModelSpec& spec, const Data& data, const Config& cfg,
+                  const std::string& heap);
+// ceiling: --workers independent processes side by side, each a worker's
+// threads and heap on its share of the batch, no communication; the slowest one's median.
+Row runCeiling(const ModelSpec& spec, const Data& data, const Config& cfg);
 
 // modes_nodes.cpp: two forked nodes of gradagg joined through c10d Gloo.
 Row runNodes(const ModelSpec& spec, const Data& data, const Config& cfg);

@@ -48,6 +48,7 @@ struct GlooTraining {
   const Data& data;
   int n, warmup, steps;
   bool keep_grad;
+  std::string optimizer = "sgd";  // --optimizer
   int totalSteps() const { return warmup + steps; }
 };
 
@@ -91,7 +92,7 @@ void trainPeer(const GlooTraining& run, Net& model, int rank, GlooPeer& peer, Gl
   using Ms = std::chrono::duration<double, std::milli>;
   const std::int64_t P = paramCount(run.spec);
   const int total_steps = run.totalSteps();
-  torch::optim::SGD opt(model->parameters(), kLearningRate);
+  auto opt = makeOptimizer(run.optimizer, model);
   torch::Tensor flat = bindFlatGrad(model, P);
   const Shard sh = shardOf(run.spec.batch, rank, run.n);
   const torch::Tensor xs = run.data.x.slice(0, sh.begin, sh.end);
@@ -106,7 +107,7 @@ void trainPeer(const GlooTraining& run, Net& model, int rank, GlooPeer& peer, Gl
     flat.div_(run.n);
     if (run.keep_grad && rank == 0 && s == 0)
       std::memcpy(out.grad, flat.data_ptr<float>(), sizeof(float) * P);
-    opt.step();
+    opt->step();
     out.allreduce_of[rank * total_steps + s] = Ms(t2 - t1).count();
     if (rank == 0) out.times[s] = {msSince(t0), Ms(t1 - t0).count(), msSince(t2)};
   }
@@ -142,7 +143,7 @@ Row glooRow(const GlooTraining& run, const GlooRecord& rec, int threads) {
 }  // namespace
 
 Row runGloo(const ModelSpec& spec, const Data& data, const Config& cfg) {
-  const GlooTraining run{spec, data, cfg.workers, cfg.warmup, cfg.steps, false};
+  const GlooTraining run{spec, data, cfg.workers, cfg.warmup, cfg.steps, false, cfg.optimizer};
   GlooRecord rec(run, paramCount(spec));
   trainGloo(run, cfg, rec);
   return glooRow(run, rec, peerThreads(cfg));

@@ -72,16 +72,16 @@ void ShmSamples::fill(Row& row) const {
 Row runSingle(const ModelSpec& spec, const Data& data, const Config& cfg) {
   at::set_num_threads(cfg.threads);
   Net model = makeModel(spec);
-  torch::optim::SGD opt(model->parameters(), kLearningRate);
+  auto opt = makeOptimizer(cfg.optimizer, model);
   std::vector<double> total, compute;
   WarmUp warm(cfg.warmup);
   for (int s = 0; static_cast<int>(total.size()) < cfg.steps; ++s) {
     const auto t0 = Clock::now();
     const bool warming = warm.includes(s, t0);
-    opt.zero_grad();
+    opt->zero_grad();
     loss(model, data.x, data.y).backward();
     const double c = msSince(t0);
-    opt.step();
+    opt->step();
     if (warming) continue;
     total.push_back(msSince(t0));
     compute.push_back(c);
@@ -109,11 +109,12 @@ gradagg::ShardFn shmShard(Net& model, const Data& data, const ModelSpec& spec) {
 
 Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
   Net model = makeModel(spec);
-  torch::optim::SGD opt(model->parameters(), kLearningRate);
+  auto opt = makeOptimizer(cfg.optimizer, model);
   gradagg::Options options;
   options.workers = cfg.workers;
   options.accumulation_steps = cfg.accumulate;
   options.keep_worker_memory = cfg.keep_worker_memory;
+  options.parent_threads = cfg.parent_threads;
   options.message_bytes = std::max<std::uint64_t>(options.message_bytes, cfg.message_bytes + 4096);
   gradagg::Aggregator agg(*model, shmShard(model, data, spec), options);
   gradagg::Message message;  // the parent's per-step data, copied into the segment each step
@@ -125,7 +126,7 @@ Row runShm(const ModelSpec& spec, const Data& data, const Config& cfg) {
     const bool warming = warm.includes(s, t0);
     const gradagg::StepReport& r = agg.step(message);
     const auto t1 = Clock::now();
-    opt.step();
+    opt->step();
     if (warming) continue;
     const double total_ms = msSince(t0);
     samples.add(r, total_ms, msSince(t1));

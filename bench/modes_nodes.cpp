@@ -41,6 +41,7 @@ gradagg::Options nodeOptions(const NodeRun& run, int node, const std::string& st
   gradagg::Options options;
   options.workers = run.perNode();
   options.keep_worker_memory = run.cfg.keep_worker_memory;
+  options.parent_threads = run.cfg.parent_threads;
   options.nodes.nodes = 2;
   options.nodes.node_rank = node;
   options.nodes.store_path = store_path;
@@ -56,13 +57,13 @@ void trainNode(const NodeRun& run, int node, const std::string& store_path, Node
   const ClusterMachine machine = enterMachine(run.cfg.placement, node);
   pinTo(run.cfg.placement, node, 2);
   Net model = makeModel(run.spec);
-  torch::optim::SGD opt(model->parameters(), kLearningRate);
+  auto opt = makeOptimizer(run.cfg.optimizer, model);
   gradagg::Aggregator agg(*model, shmShard(model, run.data, run.spec),
                           nodeOptions(run, node, store_path, machine.interface));
   for (int s = 0; s < run.totalSteps(); ++s) {
     const auto t0 = Clock::now();
     const gradagg::StepReport& r = agg.step();
-    opt.step();
+    opt->step();
     times[s] = NodeTimes{msSince(t0),  r.node_ms,          r.reduce_ms,
                          r.node_bytes, r.node_collectives, r.node_overlapped};
   }

@@ -8,14 +8,20 @@
 
 #include <nlohmann/json.hpp>
 
+#include <gradagg/blas.h>
 #include <gradagg/options.h>
 
 namespace gradagg::bench {
 
-Machine probeMachine(const std::string& libtorch_version) {
+Machine probeMachine(const std::string& libtorch_version, const std::string& optimizer) {
   Machine m;
   m.cores = gradagg::availableCores();
   m.libtorch = libtorch_version;
+  m.optimizer = optimizer;
+  const BlasInfo blas = blasInfo();
+  m.blas = blas.describe();
+  m.blas_vendor = blas.vendor;
+  m.blas_threading = blas.threading;
   std::ifstream cpuinfo("/proc/cpuinfo");
   for (std::string line; std::getline(cpuinfo, line);) {
     if (line.rfind("model name", 0) != 0) continue;
@@ -69,11 +75,44 @@ std::string toJsonLine(const Row& r, const Machine& m) {
   j["cores"] = m.cores;
   j["cpu"] = m.cpu;
   j["libtorch"] = m.libtorch;
+  j["blas"] = m.blas;
+  j["blas_vendor"] = m.blas_vendor;
+  j["blas_threading"] = m.blas_threading;
+  j["optimizer"] = m.optimizer;
   return j.dump();
+}
+
+Row rowFromJson(const std::string& line) {
+  const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("mode") || !j.contains("ms_per_step"))
+    throw std::runtime_error("not a row: " + line);
+  Row r;
+  r.model = j.at("model").get<std::string>();
+  r.mode = j.at("mode").get<std::string>();
+  r.workers = j.at("workers").get<int>();
+  r.params = j.at("params").get<std::int64_t>();
+  r.batch = j.at("batch").get<std::int64_t>();
+  r.threads = j.at("threads").get<int>();
+  r.steps = j.at("steps").get<int>();
+  r.ms_per_step = j.at("ms_per_step").get<double>();
+  r.p90_ms = j.at("p90_ms").get<double>();
+  r.reduce_ms = j.at("reduce_ms").get<double>();
+  r.sync_us = j.at("sync_us").get<double>();
+  static const char* const kNotExtra[] = {"model", "mode", "workers", "params", "batch", "threads",
+                                          "steps", "ms_per_step", "p90_ms", "samples_per_s",
+                                          "reduce_ms", "sync_us", "speedup_vs_single"};
+  for (const auto& [key, value] : j.items()) {
+    if (!value.is_number() || key == "cores") continue;
+    if (std::find(std::begin(kNotExtra), std::end(kNotExtra), key) != std::end(kNotExtra)) continue;
+    r.extra[key] = value.get<double>();
+  }
+  return r;
 }
 
 void printMachine(std::ostream& out, const Machine& m, const std::string& command) {
   out << "machine: " << m.cores << " cores, " << m.cpu << ", LibTorch " << m.libtorch << "\n"
+      << "blas: " << m.blas << "\n"
+      << "optimizer: " << m.optimizer << "\n"
       << "command: " << command << "\n";
 }
 
@@ -100,8 +139,9 @@ std::string extraOr(const Row& r, const char* key, const std::string& otherwise 
 
 void printTable(std::ostream& out, const std::vector<Row>& rows) {
   out << "| model | params | batch | mode | procs x threads | ms/step | p90 ms | samples/s | "
-         "speedup | compute ms | reduce ms | sync us | GB/s (stream) | gloo allreduce ms |\n"
-         "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+         "speedup | vs kept heap | of ceiling | compute ms | reduce ms | sync us | GB/s (stream) | "
+         "gloo allreduce ms |\n"
+         "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const Row& r : rows) {
     if (r.mode == "check") continue;
     const bool reduce_only = r.mode.rfind("reduce-only", 0) == 0;
@@ -112,7 +152,8 @@ void printTable(std::ostream& out, const std::vector<Row>& rows) {
         << " x " << r.threads << " | " << shortNumber(r.ms_per_step) << " | "
         << shortNumber(r.p90_ms) << " | " << (reduce_only ? "" : fixed(r.samples_per_s, 0)) << " | "
         << (r.speedup_vs_single ? fixed(*r.speedup_vs_single, 2) + "x" : "") << " | "
-        << extraOr(r, "compute_ms") << " | " << (r.mode == "single" ? "" : shortNumber(r.reduce_ms))
+        << extraOr(r, "speedup_vs_single_kept") << " | " << extraOr(r, "of_ceiling") << " | "
+        << extraOr(r, "compute_ms") << " | " << (r.mode.rfind("single", 0) == 0 || r.mode == "ceiling" ? "" : shortNumber(r.reduce_ms))
         << " | " << (reduce_only ? "" : fixed(r.sync_us, 0)) << " | " << gbps << " | "
         << extraOr(r, "gloo_allreduce_ms") << " |\n";
   }

@@ -15,8 +15,11 @@ struct Machine {
   int cores = 1;         // cores this process may use
   std::string cpu;       // "model name" from /proc/cpuinfo
   std::string libtorch;  // LibTorch version the bench was built with
+  // The BLAS LibTorch's gemm runs on (gradagg/blas.h): describe(), vendor, threading.
+  std::string blas, blas_vendor, blas_threading;
+  std::string optimizer;  // the run's --optimizer, every mode's
 };
-Machine probeMachine(const std::string& libtorch_version);
+Machine probeMachine(const std::string& libtorch_version, const std::string& optimizer);
 
 // Median and 90th percentile (nearest rank) of a non-empty sample.
 double median(std::vector<double> v);
@@ -46,6 +49,9 @@ struct Row {
 
 // One JSON object (a single line) with the machine in it.
 std::string toJsonLine(const Row& row, const Machine& machine);
+// The row of a line toJsonLine wrote (the machine's keys are left out);
+// throws std::runtime_error when it is not one.
+Row rowFromJson(const std::string& line);
 void printMachine(std::ostream& out, const Machine& machine, const std::string& command);
 void printTable(std::ostream& out, const std::vector<Row>& rows);
 

@@ -24,7 +24,9 @@ struct Mode {
 
 // Every mode, in the order each round runs them.
 const Mode kModes[] = {
-    {"single", Speedup::kBase, runSingle},
+    {"single", Speedup::kBase, runSingleAsUsersRunIt},
+    {"single-kept", Speedup::kAgainstSingle, runSingleKeptHeap},
+    {"ceiling", Speedup::kAgainstSingle, runCeiling},
     {"shm", Speedup::kAgainstSingle, runShm},
     {"gloo", Speedup::kAgainstSingle, runGloo},
     {"shm-1node", Speedup::kNone, runShmOneNode},
@@ -36,6 +38,25 @@ const Mode kModes[] = {
 
 // A round asked for more than this many runs of itself is kept as its last run.
 constexpr int kMaxRedos = 3;
+
+// Each row that computes the model with several processes, against this
+// round's references: one process with the workers' heap (speedup_vs_single_kept)
+// and the ceiling (of_ceiling: ceiling ms / the row's ms, 1.0 = as fast as any split).
+void relateToReferences(std::vector<Row>& rows) {
+  const auto ms = [&rows](const char* mode) -> double {
+    for (const Row& r : rows)
+      if (r.mode == mode) return r.ms_per_step;
+    return 0;
+  };
+  const double kept = ms("single-kept"), ceiling = ms("ceiling");
+  for (Row& r : rows) {
+    if (r.mode.rfind("single", 0) == 0 || r.mode == "ceiling" || r.mode == "shm-1node" ||
+        r.mode.rfind("reduce-only", 0) == 0 || r.ms_per_step <= 0)
+      continue;
+    if (kept > 0) r.extra["speedup_vs_single_kept"] = kept / r.ms_per_step;
+    if (ceiling > 0) r.extra["of_ceiling"] = ceiling / r.ms_per_step;
+  }
+}
 
 // One round: every chosen mode on one model, in kModes' order; the speedups
 // against this round's single; each row with the CPUs' spread just before it
@@ -58,6 +79,7 @@ std::vector<Row> runRound(const ModelSpec& spec, const Data& data, const Config&
     }
     rows.push_back(std::move(row));
   }
+  relateToReferences(rows);
   return rows;
 }
 
@@ -86,6 +108,12 @@ Row mergeRounds(std::vector<Row> rounds, int redone) {
     if (r.speedup_vs_single) speedups.push_back(*r.speedup_vs_single);
   }
   if (!speedups.empty()) row.speedup_vs_single = median(speedups);
+  for (const char* key : {"speedup_vs_single_kept", "of_ceiling"}) {
+    std::vector<double> values;
+    for (const Row& r : rounds)
+      if (r.extra.count(key)) values.push_back(r.extra.at(key));
+    if (!values.empty()) row.extra[key] = median(values);
+  }
   row.extra["rounds"] = static_cast<double>(rounds.size());
   row.extra["round_min_ms"] = ms.front();
   row.extra["round_max_ms"] = ms.back();

@@ -50,7 +50,9 @@ class Aggregator {
   // or a tensor that cannot travel, is an InvalidArgument before anything runs.
   const StepReport& step(const Message& message);
 
-  // Stops the workers (idempotent). step() afterwards throws NotUsable.
+  // Stops the workers and gives the parent its own threads and heap settings
+  // back (Options::parent_threads, keep_parent_memory); idempotent. step()
+  // afterwards throws NotUsable.
   void shutdown();
 
   bool usable() const noexcept;

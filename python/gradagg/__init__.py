@@ -26,7 +26,8 @@ from gradagg.errors import (Error, InternalError, InvalidArgument, NodeFailed,  
                             NonFiniteGradient, NotUsable, StepTimeout, WorkerDied, WorkerError,
                             WorkerFailed)
 from gradagg._core import (NodeOptions, Options, ShardContext, StepReport,  # noqa: F401
-                           WorkerReport, _Aggregator, __version__)
+                           WorkerReport, _Aggregator, __version__, BlasInfo, blas_info,
+                           set_blas_threads)
 from gradagg.errors import CheckpointError, FileError  # noqa: F401
 from gradagg.checkpoint import Checkpoint, TrainingState  # noqa: F401
 from gradagg import data  # noqa: F401  (gradagg.data.ShardedBatches)
@@ -39,14 +40,14 @@ __all__ = [
     "NonFiniteGradient", "WorkerDied", "StepTimeout", "NodeFailed",
     "Checkpoint", "TrainingState", "FileError", "CheckpointError", "data",
     "Population", "Policy", "PolicyInput", "DecisionRng", "MemberContext", "CopyEvent",
-    "MemberSnapshot",
+    "MemberSnapshot", "BlasInfo", "blas_info", "set_blas_threads",
 ]
 
 
 # The keyword options that are Options fields of the same name (nodes aside).
 _OPTION_NAMES = ("workers", "weighting", "buffers", "threads_per_worker", "parent_threads",
-                 "keep_worker_memory", "step_timeout", "shutdown_timeout", "non_finite",
-                 "max_consecutive_skips",
+                 "keep_worker_memory", "keep_parent_memory", "step_timeout", "shutdown_timeout",
+                 "non_finite", "max_consecutive_skips",
                  "max_restarts", "accumulation_steps", "seed_workers", "seed",
                  "check_parameter_list", "start_step", "message_bytes")
 
@@ -75,11 +76,14 @@ class Aggregator(_Aggregator):
       buffers: after a step the parent's buffers become worker 0's ("rank0"), the
         weighted "mean" of the workers', or stay as they were ("keep").
       threads_per_worker: intra-op threads per worker; 0: max(1, cores / workers).
-      parent_threads: the parent's intra-op threads while the aggregator lives (1;
-        0 leaves it alone); restored by close().
+      parent_threads: the parent's intra-op and BLAS threads while the aggregator
+        lives, for its optimizer step between steps (-1: every core this process
+        may use; 0 leaves them alone); restored by close().
       keep_worker_memory: each worker keeps the memory its steps free for the next
         step (glibc malloc: no per-step mmap, page faults and zeroing of large
-        temporaries; True). The parent's own malloc is never changed.
+        temporaries; True).
+      keep_parent_memory: the parent's heap does the same while the aggregator
+        lives, for its optimizer step (True); restored by close() of the last one.
       step_timeout: seconds a worker may take for a step (300); then StepTimeout.
       shutdown_timeout: seconds close() waits for the workers before killing them (2).
       non_finite: "raise" (NonFiniteGradient) or "skip" (the step's .grad stay None).
@@ -103,8 +107,9 @@ class Aggregator(_Aggregator):
     """
 
     def __init__(self, model, shard, *, workers=2, weighting="samples", buffers="rank0",
-                 threads_per_worker=0, parent_threads=1, keep_worker_memory=True,
-                 step_timeout=300.0, shutdown_timeout=2.0, non_finite="raise", max_consecutive_skips=10,
+                 threads_per_worker=0, parent_threads=-1, keep_worker_memory=True,
+                 keep_parent_memory=True, step_timeout=300.0, shutdown_timeout=2.0,
+                 non_finite="raise", max_consecutive_skips=10,
                  max_restarts=0, accumulation_steps=1, seed_workers=True, seed=0,
                  check_parameter_list=True, start_step=0, message_bytes=65536, nodes=None):
         given = locals()

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include <gradagg/aggregator.h>
+#include <gradagg/blas.h>
 #include <gradagg/errors.h>
 
 #include "runtime/interrupt.h"
@@ -162,6 +163,31 @@ void bindAggregator(py::module_& m) {
       .def_property_readonly("options", [](PyAggregator& a) { return a.agg().options(); });
 }
 
+void bindBlas(py::module_& m) {
+  py::class_<BlasInfo>(m, "BlasInfo",
+                       "The BLAS LibTorch's CPU matrix products call in this process.")
+      .def_readonly("library", &BlasInfo::library,
+                    "the shared object sgemm_ resolves to, links resolved")
+      .def_readonly("vendor", &BlasInfo::vendor, "openblas, mkl, blis, reference or unknown")
+      .def_readonly("threading", &BlasInfo::threading, "openmp, pthreads, sequential or unknown")
+      .def_readonly("threads", &BlasInfo::threads, "threads its next gemm may use (0: unknown)")
+      .def_readonly("config", &BlasInfo::config, "the vendor's own description")
+      .def_property_readonly("fast", &BlasInfo::fast, "False for the reference BLAS")
+      .def("to_dict",
+           [](const BlasInfo& b) {
+             return py::dict("library"_a = b.library, "vendor"_a = b.vendor,
+                             "threading"_a = b.threading, "threads"_a = b.threads,
+                             "config"_a = b.config);
+           })
+      .def("__str__", &BlasInfo::describe)
+      .def("__repr__", [](const BlasInfo& b) { return "BlasInfo(" + b.describe() + ")"; });
+  m.def("blas_info", &blasInfo,
+        "Which BLAS LibTorch's gemm resolves to in this process, and its threads.");
+  m.def("set_blas_threads", &setBlasThreads, "threads"_a,
+        "Sets the threads of the BLAS's own pool (OpenBLAS, BLIS, MKL); False where it has none. "
+        "torch.set_num_threads does the rest.");
+}
+
 }  // namespace
 
 }  // namespace gradagg::python
@@ -176,6 +202,7 @@ PYBIND11_MODULE(_core, m) {
   gradagg::python::bindShardContext(m);
   gradagg::python::bindReports(m);
   gradagg::python::bindAggregator(m);
+  gradagg::python::bindBlas(m);
   gradagg::python::bindDurable(m);
   gradagg::python::bindPopulation(m);
 }

@@ -184,6 +184,9 @@ const std::tuple kOptionFields{
     field("parent_threads", &Options::parent_threads),
     field("keep_worker_memory", &Options::keep_worker_memory,
           "Workers keep freed memory for the next step (glibc malloc settings)."),
+    field("keep_parent_memory", &Options::keep_parent_memory,
+          "The parent keeps freed memory for its next optimizer step while the aggregator "
+          "lives (glibc malloc settings, restored after)."),
     field("step_timeout", &Options::step_timeout, asSeconds()),
     field("shutdown_timeout", &Options::shutdown_timeout, asSeconds()),
     field("accumulation_steps", &Options::accumulation_steps),

@@ -43,7 +43,9 @@
 #include "aggregator/worker.h"
 #include "runtime/timeouts.h"
 #include "model/model_binding.h"
+#include "runtime/blas_warning.h"
 #include "runtime/control.h"
+#include "runtime/parent_share.h"
 #include "runtime/process.h"
 #include "runtime/segment.h"
 #include "step/layout.h"
@@ -87,7 +89,7 @@ struct Aggregator::Impl {
   std::unique_ptr<Applier> apply;
   ProcessSet processes;
   ParentChannel channel;
-  int saved_parent_threads = 0;  // to restore, when options.parent_threads > 0
+  ParentShare parent_share;      // the parent's threads and heap, restored at the end
   int worker_threads = 1;        // intra-op threads per worker (the topology knows who shares the cores)
 
   std::int64_t steps_done = 0;
@@ -144,17 +146,15 @@ struct Aggregator::Impl {
     const Placement& place = topology.placement;
     worker_threads = options.resolvedThreadsPerWorker(place.host_workers);
     channel.setOwnCore(parentHasOwnCore(place, worker_threads, availableCores()));
+    warnIfReferenceBlas();
     startWorkers();
-    if (options.parent_threads > 0) {
-      saved_parent_threads = at::get_num_threads();
-      at::set_num_threads(options.parent_threads);
-    }
+    const int parent_threads = options.parent_threads == Options::kEveryCore
+                                   ? availableCores()
+                                   : options.parent_threads;
+    parent_share = ParentShare(parent_threads, options.keep_parent_memory);
   }
 
-  ~Impl() {
-    shutdown();
-    if (saved_parent_threads > 0) at::set_num_threads(saved_parent_threads);
-  }
+  ~Impl() { shutdown(); }
 
   WeightRule weightRule() const {
     WeightRule rule;
@@ -382,7 +382,11 @@ const StepReport& Aggregator::step(const Message& message) {
   if (!impl_) throw NotUsable("gradagg: the aggregator was moved from");
   return impl_->step(message);
 }
-void Aggregator::shutdown() { if (impl_) impl_->shutdown(); }
+void Aggregator::shutdown() {
+  if (!impl_) return;
+  impl_->shutdown();
+  impl_->parent_share = ParentShare();  // the parent's threads and heap as they were
+}
 bool Aggregator::usable() const noexcept { return impl_ && impl_->channel.usable(); }
 int Aggregator::workers() const noexcept { return impl_ ? impl_->options.workers : 0; }
 std::int64_t Aggregator::stepsDone() const noexcept { return impl_ ? impl_->steps_done : 0; }

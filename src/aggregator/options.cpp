@@ -35,9 +35,10 @@ void Options::validate() const {
     throw InvalidArgument(
         fmt::format("Options.threads_per_worker: expected >= 0 (0 = cores / workers), got {}",
                     threads_per_worker));
-  if (parent_threads < 0)
+  if (parent_threads < kEveryCore)
     throw InvalidArgument(fmt::format(
-        "Options.parent_threads: expected >= 0 (0 = leave as is), got {}", parent_threads));
+        "Options.parent_threads: expected >= -1 (-1 = every core, 0 = leave as is), got {}",
+        parent_threads));
   requireTimeout("step_timeout", step_timeout, false);
   if (max_consecutive_skips < 0)
     throw InvalidArgument(

@@ -33,6 +33,8 @@
 #include <fmt/format.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <gradagg/blas.h>
+
 #include "runtime/control.h"
 #include "runtime/heap.h"
 #include "runtime/mix.h"
@@ -106,6 +108,7 @@ class Worker final : public ServedWorker {
     slot_.setPid(static_cast<std::int32_t>(::getpid()));
     if (s_.options->keep_worker_memory) keepFreedMemory();
     at::set_num_threads(s_.threads);
+    setBlasThreads(s_.threads);  // a BLAS with a pool of its own (gradagg/blas.h)
     // The parameters are the parent's master values: read them, never write them.
     s_.segment->protectReadOnly(map_.snapshotParams(), map_.snapshotBytes());
     s_.segment->protectReadOnly(map_.message(), map_.layout.sizes.message_bytes);

@@ -29,6 +29,8 @@
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/archive.h>
 
+#include <gradagg/blas.h>
+
 #include "runtime/control.h"
 #include "runtime/heap.h"
 #include "runtime/serve.h"
@@ -279,6 +281,7 @@ class Member final : public ServedWorker {
 int runMember(const MemberSetup& setup) {
   if (setup.options->keep_worker_memory) keepFreedMemory();
   at::set_num_threads(setup.threads);
+  setBlasThreads(setup.threads);  // a BLAS with a pool of its own (gradagg/blas.h)
   Member member(setup);
   return member.run();
 }

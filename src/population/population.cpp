@@ -24,6 +24,7 @@
 #include <gradagg/options.h>
 
 #include "checkpoint/durable_file.h"
+#include "runtime/blas_warning.h"
 #include "runtime/check.h"
 #include "runtime/control.h"
 #include "runtime/process.h"
@@ -96,6 +97,7 @@ struct Population::Impl {
     drawHyperparams();
     mapSegment();
     if (!options.lineage_path.empty()) openLineage();
+    detail::warnIfReferenceBlas();
     startMembers();
   }
 
