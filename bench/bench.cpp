@@ -106,8 +106,8 @@ void addHowItRuns(CLI::App& app, Config& cfg) {
                  "(Options::accumulation_steps)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--parent-threads", cfg.parent_threads,
-                 "shm, shm-2nodes*: the parent's threads (Options::parent_threads; -1: every "
-                 "core, the default; 0: as the bench runs)")
+                 "shm, shm-2nodes*: the parent's threads (Options::parent_threads, default 1; "
+                 "-1: every core; 0: as the bench runs)")
       ->check(CLI::Range(-1, 1024));
   app.add_option("--message-bytes", cfg.message_bytes,
                  "shm: step(message) with one float32 tensor of this many bytes (0: step())")

@@ -35,7 +35,7 @@ struct Config {
   int accumulate = 1;                    // shm: micro-batches per worker and step
   std::int64_t message_bytes = 0;        // shm: a message of this many bytes with each step
   bool keep_worker_memory = true;        // shm, shm-2nodes*: Options::keep_worker_memory
-  int parent_threads = gradagg::Options::kEveryCore;  // shm, shm-2nodes*: Options::parent_threads
+  int parent_threads = gradagg::Options().parent_threads;  // shm, shm-2nodes*
   int rounds = 3;  // each model's modes run this many times in turn, steps split among them
   double quiet_cpus = 0;  // > 0: redo a round when the CPUs' spread went past this (rounds.h)
   Placement placement;                   // the nodes' and Gloo peers' CPUs and network

@@ -133,13 +133,17 @@ struct Options {
   // across nodes the workers of every node on the same machine and CPUs count
   // (give each node its own CPUs, e.g. with taskset, and only its own count).
   int threads_per_worker = 0;
-  // Intra-op and BLAS threads of the parent while the Aggregator lives (restored
-  // after). Inside step() the parent waits; between steps the workers wait and
-  // the parent runs optimizer.step(), so by default it gets every core this
-  // process may use (kEveryCore: Adam on 5.8M parameters 10.7 ms on one thread,
-  // 5.5 ms on two here). 0 leaves the parent's setting alone; n > 0: n threads.
+  // Intra-op and BLAS threads of the parent while the Aggregator lives
+  // (restored at shutdown). Inside step() the parent waits; between steps the
+  // workers wait and the parent runs optimizer.step(). One thread by default:
+  // after each parallel region of the parent, libgomp keeps its pool threads
+  // spinning for milliseconds (GOMP_SPINCOUNT), on the cores the workers need
+  // once step() is called (Adam, OpenBLAS, 2 cores: 670K parameters 7.5 ms a
+  // step with one parent thread, 12.5 ms with two; docs/benchmark.md). kEveryCore
+  // (every core this process may use) pays only where the optimizer step is
+  // long (~5M parameters and more with Adam); 0 leaves the parent's setting alone.
   static constexpr int kEveryCore = -1;
-  int parent_threads = kEveryCore;
+  int parent_threads = 1;
   // The parent's heap keeps the memory its optimizer step frees for the next
   // one, as keep_worker_memory does for the workers (runtime/heap.h): Adam on
   // 5.8M parameters maps, faults in and unmaps 23 MB of temporaries every step

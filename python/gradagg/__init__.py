@@ -77,8 +77,9 @@ class Aggregator(_Aggregator):
         weighted "mean" of the workers', or stay as they were ("keep").
       threads_per_worker: intra-op threads per worker; 0: max(1, cores / workers).
       parent_threads: the parent's intra-op and BLAS threads while the aggregator
-        lives, for its optimizer step between steps (-1: every core this process
-        may use; 0 leaves them alone); restored by close().
+        lives (1: libgomp's spinning threads would take the workers' cores; -1:
+        every core this process may use, for a long optimizer step; 0 leaves
+        them alone); restored by close().
       keep_worker_memory: each worker keeps the memory its steps free for the next
         step (glibc malloc: no per-step mmap, page faults and zeroing of large
         temporaries; True).
@@ -107,7 +108,7 @@ class Aggregator(_Aggregator):
     """
 
     def __init__(self, model, shard, *, workers=2, weighting="samples", buffers="rank0",
-                 threads_per_worker=0, parent_threads=-1, keep_worker_memory=True,
+                 threads_per_worker=0, parent_threads=1, keep_worker_memory=True,
                  keep_parent_memory=True, step_timeout=300.0, shutdown_timeout=2.0,
                  non_finite="raise", max_consecutive_skips=10,
                  max_restarts=0, accumulation_steps=1, seed_workers=True, seed=0,

@@ -47,10 +47,17 @@ bool keepFreedMemory() noexcept {
 #if defined(__GLIBC__)
   // The largest threshold mallopt accepts on 64-bit glibc (HEAP_MAX_SIZE / 2).
   constexpr int kMmapThreshold = 32 << 20;
+  constexpr int kHeapMax = 64 << 20;  // HEAP_MAX_SIZE, the size of a thread arena's heap
   // Setting either value also ends the dynamic threshold.
   const bool mmap_ok = ::mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1;
   const bool trim_ok = ::mallopt(M_TRIM_THRESHOLD, INT_MAX) == 1;
-  return mmap_ok && trim_ok;
+  // A thread other than the main one allocates from an arena of heaps of at
+  // most 64 MiB, and glibc unmaps such a heap as soon as all of it is free,
+  // whatever the trim threshold (heap_trim): a worker's serving thread, or the
+  // parent's optimizer in a Python thread, would map and fault in its step's
+  // temporaries anew every step. A top pad of a whole heap keeps every heap.
+  const bool pad_ok = ::mallopt(M_TOP_PAD, kHeapMax) == 1;
+  return mmap_ok && trim_ok && pad_ok;
 #else
   return false;
 #endif
@@ -60,6 +67,7 @@ void restoreHeap() noexcept {
 #if defined(__GLIBC__)
   ::mallopt(M_MMAP_THRESHOLD, tunable("glibc.malloc.mmap_threshold", kGlibcDefaultThreshold));
   ::mallopt(M_TRIM_THRESHOLD, tunable("glibc.malloc.trim_threshold", kGlibcDefaultThreshold));
+  ::mallopt(M_TOP_PAD, tunable("glibc.malloc.top_pad", kGlibcDefaultThreshold));
   ::malloc_trim(0);
 #endif
 }
