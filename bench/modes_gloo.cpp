@@ -7,9 +7,12 @@
 #include <functional>
 #include <vector>
 
+#include <gradagg/blas.h>
+
 #include "forked_peers.h"
 #include "gloo_peer.h"
 #include "modes.h"
+#include "runtime/heap.h"
 #include "runtime/temp_dir.h"
 
 namespace gradagg::bench {
@@ -27,7 +30,13 @@ void runGlooGroup(const Placement& placement, int n, int threads,
   ForkedPeers peers;
   peers.spawn(n, [&](int rank) {
     pinTo(placement, rank, n);
+    // The heap a long-lived DDP process reaches (glibc's threshold rises to its
+    // largest freed chunk) and gradagg's workers get: on a forked child's fresh
+    // thread glibc's defaults would unmap its arena's heaps every step (a
+    // 5.8M peer's forward and backward took 154 ms instead of ~50).
+    detail::keepFreedMemory();
     at::set_num_threads(threads);
+    setBlasThreads(threads);
     GlooPeer::Options options;
     options.hostname = enterMachine(placement, rank).address;
     options.store_path = dir.path() + "/store";
