@@ -16,5 +16,6 @@ set style data linespoints
 plot data."/single.dat" using 1:2 title "single (1 process)" lw 2 pt 7 lc rgb "#777777", \
      data."/shm.dat"    using 1:2 title "shm (gradagg)"      lw 2 pt 5 lc rgb "#1f77b4", \
      data."/gloo.dat"   using 1:2 title "gloo (c10d, DDP style)" lw 2 pt 9 lc rgb "#d62728", \
-     data."/shm.dat"    using 1:2:3 with labels offset 0,1 font ",9" notitle, \
-     workers + 0 with lines dt 2 lc rgb "black" title sprintf("ideal (%s processes)", workers)
+     data."/single-kept.dat" using 1:2 title "single, kept heap" lw 2 pt 6 dt 3 lc rgb "#777777", \
+     data."/ceiling.dat" using 1:2 title sprintf("ceiling (%s independent processes)", workers) lw 2 pt 4 dt 2 lc rgb "black", \
+     data."/shm.dat"    using 1:2:3 with labels offset 0,1 font ",9" notitle

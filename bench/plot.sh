@@ -19,16 +19,16 @@ awk -v dir="$data" '
   }
   {
     mode = field("mode"); s = field("speedup_vs_single")
-    if (mode != "single" && mode != "shm" && mode != "gloo") next
+    if (mode != "single" && mode != "single-kept" && mode != "ceiling" && mode != "shm" && mode != "gloo") next
     if (s == "" || s == "null") next
     print field("params"), s, field("model") > (dir "/" mode ".dat")
-    if (title == "") title = field("cpu") ", " field("cores") " cores"
+    if (title == "") title = field("cpu") ", " field("cores") " cores, " field("blas_vendor") " (" field("blas_threading") "), " field("optimizer")
     if (mode != "single") workers = field("workers")
   }
   END { print title > (dir "/title"); print workers > (dir "/workers") }
 ' "$in"
 
-for mode in single shm gloo; do
+for mode in single single-kept ceiling shm gloo; do
   [ -f "$data/$mode.dat" ] || : > "$data/$mode.dat"
   sort -n "$data/$mode.dat" -o "$data/$mode.dat"
 done
