@@ -148,10 +148,7 @@ struct Aggregator::Impl {
     channel.setOwnCore(parentHasOwnCore(place, worker_threads, availableCores()));
     warnIfReferenceBlas();
     startWorkers();
-    const int parent_threads = options.parent_threads == Options::kEveryCore
-                                   ? availableCores()
-                                   : options.parent_threads;
-    parent_share = ParentShare(parent_threads, options.keep_parent_memory);
+    parent_share = ParentShare(options.parent_threads, options.keep_parent_memory);
   }
 
   ~Impl() { shutdown(); }
@@ -361,8 +358,10 @@ struct Aggregator::Impl {
         Phase::kWritingSlot, message, param);
   }
 
+  // Stops the workers; the parent's threads and heap as they were.
   void shutdown() noexcept {
     channel.shutdown([this] { command(Command::kStop); }, options.shutdown_timeout);
+    parent_share = ParentShare();
   }
 };
 
@@ -382,11 +381,7 @@ const StepReport& Aggregator::step(const Message& message) {
   if (!impl_) throw NotUsable("gradagg: the aggregator was moved from");
   return impl_->step(message);
 }
-void Aggregator::shutdown() {
-  if (!impl_) return;
-  impl_->shutdown();
-  impl_->parent_share = ParentShare();  // the parent's threads and heap as they were
-}
+void Aggregator::shutdown() { if (impl_) impl_->shutdown(); }
 bool Aggregator::usable() const noexcept { return impl_ && impl_->channel.usable(); }
 int Aggregator::workers() const noexcept { return impl_ ? impl_->options.workers : 0; }
 std::int64_t Aggregator::stepsDone() const noexcept { return impl_ ? impl_->steps_done : 0; }

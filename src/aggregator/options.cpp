@@ -9,13 +9,19 @@
 
 #include <gradagg/errors.h>
 
+#include "runtime/cores.h"
+
 namespace gradagg {
 
 int availableCores() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
+  int cores = sched_getaffinity(0, sizeof(set), &set) == 0
+                  ? CPU_COUNT(&set)
+                  : static_cast<int>(std::thread::hardware_concurrency());
+  // A container's CPU quota: its threads beyond it only take turns.
+  if (const int quota = detail::cgroupCpuQuota(); quota > 0) cores = std::min(cores, quota);
+  return std::max(1, cores);
 }
 
 namespace {

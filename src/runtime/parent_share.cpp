@@ -5,11 +5,13 @@
 #include <ATen/Parallel.h>
 
 #include <gradagg/blas.h>
+#include <gradagg/options.h>
 
 namespace gradagg::detail {
 
 ParentShare::ParentShare(int threads, bool keep_memory) : heap_(keep_memory) {
-  if (threads <= 0) return;
+  if (threads < 0) threads = availableCores();
+  if (threads == 0) return;
   saved_threads_ = at::get_num_threads();
   const BlasInfo blas = blasInfo();
   if (blas.threading == "pthreads" || blas.vendor == "mkl" || blas.vendor == "blis")

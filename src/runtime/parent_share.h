@@ -16,7 +16,8 @@ class ParentShare {
  public:
   ParentShare() = default;
   // threads > 0: LibTorch's intra-op threads and the BLAS's own pool
-  // (gradagg/blas.h) get that many; 0 leaves both alone. keep_memory: KeptHeap.
+  // (gradagg/blas.h) get that many; < 0: every core this process may use
+  // (availableCores()); 0 leaves both alone. keep_memory: KeptHeap.
   ParentShare(int threads, bool keep_memory);
   ParentShare(ParentShare&& o) noexcept;
   ParentShare& operator=(ParentShare&& o) noexcept;
