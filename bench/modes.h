@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -77,6 +78,16 @@ class WarmUp {
 };
 
 using ModeFn = Row (*)(const ModelSpec& spec, const Data& data, const Config& cfg);
+
+// One process's own training on (x, y), --warmup then --steps timed steps:
+// zero_grad, forward and backward (compute), optimizer step. before_first_step
+// runs after the model and optimizer are made (the ceiling's start barrier).
+struct AloneTimes {
+  std::vector<double> total, compute;
+  int warmup_steps = 0;
+};
+AloneTimes trainAlone(const ModelSpec& spec, const torch::Tensor& x, const torch::Tensor& y,
+                      const Config& cfg, const std::function<void()>& before_first_step = {});
 
 // modes_local.cpp: one process, and gradagg's Aggregator on one node.
 // runSingle trains in this process as it is (the body of --one-process).

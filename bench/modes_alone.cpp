@@ -81,35 +81,22 @@ struct CeilingRecord {
   double compute_ms[Options::kMaxWorkers];
 };
 
-void trainAlone(const ModelSpec& spec, const Data& data, const Config& cfg, int rank,
-                CeilingRecord* rec) {
+void runAlone(const ModelSpec& spec, const Data& data, const Config& cfg, int rank,
+              CeilingRecord* rec) {
   pinTo(cfg.placement, rank, cfg.workers);
   detail::keepFreedMemory();
   const int threads = peerThreads(cfg);
   at::set_num_threads(threads);
   setBlasThreads(threads);
-  Net model = makeModel(spec);
-  auto opt = makeOptimizer(cfg.optimizer, model);
   const Shard sh = shardOf(spec.batch, rank, cfg.workers);
   const torch::Tensor xs = data.x.slice(0, sh.begin, sh.end).clone();
   const torch::Tensor ys = data.y.slice(0, sh.begin, sh.end).clone();
-  rec->ready.fetch_add(1);
-  while (rec->ready.load() < cfg.workers) std::this_thread::yield();
-  std::vector<double> total, compute;
-  WarmUp warm(cfg.warmup);
-  for (int s = 0; static_cast<int>(total.size()) < cfg.steps; ++s) {
-    const auto t0 = Clock::now();
-    const bool warming = warm.includes(s, t0);
-    opt->zero_grad();
-    loss(model, xs, ys).backward();
-    const double c = msSince(t0);
-    opt->step();
-    if (warming) continue;
-    total.push_back(msSince(t0));
-    compute.push_back(c);
-  }
-  rec->median_ms[rank] = median(total);
-  rec->compute_ms[rank] = median(compute);
+  const AloneTimes times = trainAlone(spec, xs, ys, cfg, [&] {
+    rec->ready.fetch_add(1);  // set up: start together
+    while (rec->ready.load() < cfg.workers) std::this_thread::yield();
+  });
+  rec->median_ms[rank] = median(times.total);
+  rec->compute_ms[rank] = median(times.compute);
 }
 
 }  // namespace
@@ -139,7 +126,7 @@ Row runCeiling(const ModelSpec& spec, const Data& data, const Config& cfg) {
   auto* rec = new (sharedMapping(shared, sizeof(CeilingRecord))) CeilingRecord{};
   ForkedPeers peers;
   peers.spawn(cfg.workers, [&](int rank) {
-    trainAlone(spec, data, cfg, rank, rec);
+    runAlone(spec, data, cfg, rank, rec);
     return 0;
   });
   peers.join(kCeilingTimeout);

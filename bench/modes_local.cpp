@@ -3,6 +3,7 @@
 // `shm`, gradagg::Aggregator with --workers forked workers, then the parent's
 // optimizer.step(); `shm-1node` is shm at shm-2nodes' size per node.
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -69,28 +70,36 @@ void ShmSamples::fill(Row& row) const {
 
 }  // namespace
 
-Row runSingle(const ModelSpec& spec, const Data& data, const Config& cfg) {
-  at::set_num_threads(cfg.threads);
+AloneTimes trainAlone(const ModelSpec& spec, const torch::Tensor& x, const torch::Tensor& y,
+                      const Config& cfg, const std::function<void()>& before_first_step) {
   Net model = makeModel(spec);
   auto opt = makeOptimizer(cfg.optimizer, model);
-  std::vector<double> total, compute;
+  if (before_first_step) before_first_step();
+  AloneTimes times;
   WarmUp warm(cfg.warmup);
-  for (int s = 0; static_cast<int>(total.size()) < cfg.steps; ++s) {
+  for (int s = 0; static_cast<int>(times.total.size()) < cfg.steps; ++s) {
     const auto t0 = Clock::now();
     const bool warming = warm.includes(s, t0);
     opt->zero_grad();
-    loss(model, data.x, data.y).backward();
+    loss(model, x, y).backward();
     const double c = msSince(t0);
     opt->step();
     if (warming) continue;
-    total.push_back(msSince(t0));
-    compute.push_back(c);
+    times.total.push_back(msSince(t0));
+    times.compute.push_back(c);
   }
+  times.warmup_steps = warm.taken();
+  return times;
+}
+
+Row runSingle(const ModelSpec& spec, const Data& data, const Config& cfg) {
+  at::set_num_threads(cfg.threads);
+  const AloneTimes times = trainAlone(spec, data.x, data.y, cfg);
   Row row = makeRow(spec, "single", 1, cfg.threads, cfg.steps);
-  row.ms_per_step = median(total);
-  row.p90_ms = percentile90(total);
-  row.extra["compute_ms"] = median(compute);
-  row.extra["warmup_steps"] = warm.taken();
+  row.ms_per_step = median(times.total);
+  row.p90_ms = percentile90(times.total);
+  row.extra["compute_ms"] = median(times.compute);
+  row.extra["warmup_steps"] = times.warmup_steps;
   return row;
 }
 

@@ -126,8 +126,7 @@ BlasInfo blasInfo() {
     b.config = blis();
     b.threading = "unknown";
     if (auto get = entry<GetLong>("bli_thread_get_num_threads")) b.threads = static_cast<int>(get());
-  } else if (b.library.find("/blas/libblas.so") != std::string::npos ||
-             b.library.find("libblas.so") != std::string::npos) {
+  } else if (b.library.find("libblas.so") != std::string::npos) {  // netlib's, no vendor entries
     b.vendor = "reference";
     b.threading = "sequential";
     b.threads = 1;
