@@ -43,12 +43,21 @@ class Aggregator {
   // (undefined where no worker produced one). Call optimizer.step() after it.
   // On any error nothing is changed: not the parameters, not .grad, not the buffers.
   // The report is reused by the next step. Its step is the global step
-  // (Options::start_step, then one more each step that went through).
+  // (Options::start_step or the resumed checkpoint's, then one more each step
+  // that went through). A Checkpoint::load into the model since the last step
+  // sets the global step and position to the checkpoint's.
   const StepReport& step();
   // The same, with a message the shard functions read as ctx.message
   // (gradagg/message.h). A message that does not fit Options::message_bytes,
   // or a tensor that cannot travel, is an InvalidArgument before anything runs.
   const StepReport& step(const Message& message);
+  // The same at a position of the data (ShardedBatches::steps(epoch)): the
+  // shard functions read it as ctx.position, and ShardedBatches::batch gives
+  // that batch, whatever the steps before. Positions go forward: one before
+  // position() (a batch already trained, or one before the checkpoint this
+  // run resumed from) is an InvalidArgument before anything runs.
+  const StepReport& step(const BatchPosition& position);
+  const StepReport& step(const BatchPosition& position, const Message& message);
 
   // Stops the workers and gives the parent its own threads and heap settings
   // back (Options::parent_threads, keep_parent_memory); idempotent. step()
@@ -60,6 +69,10 @@ class Aggregator {
   // The global step the next step() computes: Options::start_step plus the
   // steps that went through (skipped ones included).
   std::int64_t stepsDone() const noexcept;
+  // Where the data goes on: after step(position), position.next(); after a
+  // resume, the checkpoint's TrainingState::position; {0, 0} before either.
+  // Save it with the step (TrainingState::position).
+  BatchPosition position() const noexcept;
   // The options it runs with (a moved-from Aggregator: the defaults, workers()
   // is 0 and usable() false).
   const Options& options() const noexcept;

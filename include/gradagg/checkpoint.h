@@ -1,15 +1,20 @@
 // Checkpoint: a training's state in one file — the model's parameters and
-// buffers, the optimizer's state, the position (steps done), LibTorch's default
-// CPU generator, the application's metadata and the settings a resume must
-// share — written so that a crash, a full disk or a kill at any moment leaves
-// either the previous checkpoint or the new one, never a mix:
+// buffers, the optimizer's state and an LR scheduler's, the position (steps
+// done, the data's next batch), LibTorch's default CPU generator, the
+// application's metadata and the settings a resume must share — written so
+// that a crash, a full disk or a kill at any moment leaves either the previous
+// checkpoint or the new one, never a mix:
 //
-//   1. the content is serialised in memory (a torch::serialize archive);
-//   2. it is written to "<path>.tmp-<pid>" with a header that holds its length
-//      and a CRC-64 of it, the file is fsync'ed and closed;
-//   3. the file is renamed over <path> and the directory fsync'ed.
-// Any failure (ENOSPC, EFBIG, EIO, ...) is a CheckpointError naming the file and
-// the step that failed; the temporary file is removed and <path> is untouched.
+//   1. save() serialises the content in memory (a torch::serialize archive)
+//      and returns: training goes on while
+//   2. a writer thread writes it to "<path>.tmp-<pid>.<n>" with a header that
+//      holds its length and a CRC-64 of it, fsyncs and closes the file,
+//   3. renames it over <path> and fsyncs the directory.
+// A save waits for the write before it; wait() waits for the last one. A failed
+// write (ENOSPC, EFBIG, EIO, ...) is a CheckpointError naming the file and the
+// step, thrown by the next save(), wait() or load(); the temporary file is
+// removed and <path> is untouched. The last copy of a Checkpoint waits for its
+// write when destroyed (and prints a failure to stderr: call wait() to get it).
 //
 // Loading reads the whole file, checks the header and the CRC before LibTorch
 // parses anything (a corrupt or truncated file is a CheckpointError naming it,
@@ -34,16 +39,27 @@
 
 #include <gradagg/errors.h>
 #include <gradagg/model.h>
+#include <gradagg/shard.h>
 
 namespace torch::optim {
 class Optimizer;
+class LRScheduler;
 }
 
 namespace gradagg {
 
+namespace detail {
+class CheckpointWriter;
+}
+
 // Where a run is and what it was started with.
 struct TrainingState {
   std::int64_t step = 0;  // optimizer steps done in all
+  // The data's next batch (Aggregator::position()): the loop goes on with
+  // ShardedBatches::steps(epoch, position) for epoch = position.epoch on. A
+  // checkpoint taken at an epoch's last step holds {epoch, steps_per_epoch}:
+  // the resumed loop runs what followed that epoch (its scheduler step) first.
+  BatchPosition position;
   // The application's own values (epoch sums, a data cursor, ...), as text:
   // format numbers with fmt's "{}" (shortest round trip) and read them back exactly.
   std::map<std::string, std::string> metadata;
@@ -107,22 +123,34 @@ class Checkpoint {
   const std::string& path() const noexcept { return path_; }
   bool exists() const;
 
-  // Writes model, optimizer (may be null: not saved), state and the default
-  // CPU generator's state as described at the top. Throws CheckpointError.
+  // Writes model, optimizer and scheduler (either may be null: not saved),
+  // state and the default CPU generator's state as described at the top: the
+  // content is copied before it returns, the file is written by the writer
+  // thread. Throws CheckpointError (also the previous write's failure, before
+  // anything of this one is done).
   void save(const ModelView& model, const torch::optim::Optimizer* optimizer,
-            const TrainingState& state) const;
+            const TrainingState& state,
+            const torch::optim::LRScheduler* scheduler = nullptr) const;
   void save(torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
-            const TrainingState& state) const;
+            const TrainingState& state,
+            const torch::optim::LRScheduler* scheduler = nullptr) const;
+  // Waits until the last save's file is in place; throws its CheckpointError.
+  void wait() const;
 
   // Verifies and loads into model and optimizer (may be null: not loaded) and
   // restores the default CPU generator. `settings` must equal the saved ones
   // (a key missing on either side differs too). Nothing is changed when it
   // throws CheckpointError, except that the optimizer may be partly loaded
   // when its own state does not fit it.
+  // A scheduler (may be null) gets its step count back; the learning rates are
+  // the optimizer's. An Aggregator of `model` goes on from state.step and
+  // state.position (Options::start_step).
   TrainingState load(const ModelView& model, torch::optim::Optimizer* optimizer,
-                     const std::map<std::string, std::string>& settings) const;
+                     const std::map<std::string, std::string>& settings,
+                     torch::optim::LRScheduler* scheduler = nullptr) const;
   TrainingState load(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                     const std::map<std::string, std::string>& settings) const;
+                     const std::map<std::string, std::string>& settings,
+                     torch::optim::LRScheduler* scheduler = nullptr) const;
 
   // The identity of the file as it is on disk: its content's CRC-64 and length
   // in hex ("" when there is no file). Verifies the file like load() does.
@@ -132,6 +160,7 @@ class Checkpoint {
   std::string path_;
   Access access_;
   std::shared_ptr<const CheckpointLock> lock_;  // with kReadWrite; shared by copies
+  std::shared_ptr<detail::CheckpointWriter> writer_;  // the write in flight; shared by copies
 };
 
 }  // namespace gradagg

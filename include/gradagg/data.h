@@ -10,21 +10,30 @@
 //     auto loss = torch::nll_loss(model->forward(batch.data), batch.target);
 //     return gradagg::ShardResult{loss, batch.data.size(0)};
 //   }, options);
-//   for (std::int64_t s = 0; s < epochs * data.steps_per_epoch(); ++s) { agg.step(); opt.step(); }
+//   for (auto epoch = state.position.epoch; epoch < epochs; ++epoch) {
+//     for (auto position : data.steps(epoch, state.position)) {  // one epoch, as a DataLoader's
+//       agg.step(position);
+//       opt.step();
+//     }
+//     scheduler.step();
+//   }
 //
 // The rule (the same as gradagg.data.ShardedBatches in Python, bit for bit):
-// epoch e = step / steps_per_epoch() visits the dataset in DistributedSampler's
-// order, torch::randperm(n) with a generator seeded seed + e (shuffle), or 0..n-1;
-// step s takes the next batch_size of that order (the last batch of an epoch may
-// be smaller, or is dropped with drop_last); global worker g of G takes its
+// epoch e visits the dataset in DistributedSampler's order, torch::randperm(n)
+// with a generator seeded seed + e (shuffle), or 0..n-1; its batch i takes the
+// i-th batch_size of that order (the last batch of an epoch may be smaller, or
+// is dropped with drop_last). A step given a position (step(position)) reads
+// that batch; leaving an epoch early does not shift the next one. A step
+// without one reads batch step % steps_per_epoch() of epoch step /
+// steps_per_epoch(). Global worker g of G takes its
 // contiguous part of it, sizes differing by at most one (some may get none: they
 // return ShardResult{{}, 0}, or the loss of their 0-row batch with 0 samples);
 // with gradient accumulation each worker's part is split again over its micro-
 // batches. Weighted by samples (the default), the step's gradient is then the
 // mean over the global batch, whatever the number of workers or nodes: one
-// process over global_batch(step) computes the same. Nothing is saved: a
-// restarted worker, a redone step and a run resumed at Options::start_step read
-// the same samples.
+// process over global_batch(position) computes the same. Nothing is saved: a
+// restarted worker, a redone step and a resumed run (TrainingState::position)
+// read the same samples.
 //
 // Do not iterate a torch::data DataLoader of the parent inside the shard function:
 // every worker has a forked copy of it and reads the same batch.
@@ -68,6 +77,11 @@ class BatchPlan {
 
   std::int64_t steps_per_epoch() const { return steps_per_epoch_; }
   std::int64_t epoch(std::int64_t step) const;
+  // The position a step without one reads: {step / steps_per_epoch, step % steps_per_epoch}.
+  BatchPosition positionOf(std::int64_t step) const;
+  // The positions of `epoch`, in order, from `start` on: all of them when
+  // start.epoch < epoch, from start.index when it is `epoch`, none when later.
+  std::vector<BatchPosition> steps(std::int64_t epoch, BatchPosition start = {}) const;
   std::size_t dataset_size() const { return size_; }
   std::size_t batch_size() const { return batch_; }
   const ShardedBatchesOptions& options() const { return options_; }
@@ -77,16 +91,28 @@ class BatchPlan {
   // defaults give the whole global batch. Not thread-safe (it caches the
   // epoch's order).
   std::vector<std::size_t> indices(std::int64_t step, int global_rank = 0, int global_workers = 1,
-                                   int micro_step = 0, int micro_steps = 1) const;
+                                   int micro_step = 0, int micro_steps = 1) const {
+    return indices(positionOf(step), global_rank, global_workers, micro_step, micro_steps);
+  }
+  // The same at a position; an index outside 0..steps_per_epoch-1 is an InvalidArgument.
+  std::vector<std::size_t> indices(const BatchPosition& position, int global_rank = 0,
+                                   int global_workers = 1, int micro_step = 0,
+                                   int micro_steps = 1) const;
+  // ctx's part: at ctx.position when the step has one, else at ctx.step's.
   std::vector<std::size_t> indices(const ShardContext& ctx) const {
-    return indices(ctx.step, ctx.global_rank, ctx.global_workers, ctx.micro_step, ctx.micro_steps);
+    return indices(positionOf(ctx), ctx.global_rank, ctx.global_workers, ctx.micro_step,
+                   ctx.micro_steps);
+  }
+  BatchPosition positionOf(const ShardContext& ctx) const {
+    return ctx.position ? *ctx.position : positionOf(ctx.step);
   }
   // How many samples ctx's part has (indices(ctx).size(), without building it).
   std::int64_t samples(const ShardContext& ctx) const;
 
  private:
-  std::pair<std::size_t, std::size_t> part(std::int64_t step, int global_rank, int global_workers,
-                                          int micro_step, int micro_steps) const;
+  std::pair<std::size_t, std::size_t> part(const BatchPosition& position, int global_rank,
+                                          int global_workers, int micro_step,
+                                          int micro_steps) const;
   const std::vector<std::int64_t>& order(std::int64_t epoch) const;
 
   std::size_t size_;
@@ -153,6 +179,11 @@ class ShardedBatches {
 
   std::int64_t steps_per_epoch() const { return plan_.steps_per_epoch(); }
   std::int64_t epoch(std::int64_t step) const { return plan_.epoch(step); }
+  // One epoch's steps, as a DataLoader's epoch: for (auto p : data.steps(e)) agg.step(p).
+  // From `start` on (a resumed run's TrainingState::position): see BatchPlan::steps.
+  std::vector<BatchPosition> steps(std::int64_t epoch, BatchPosition start = {}) const {
+    return plan_.steps(epoch, start);
+  }
   const BatchPlan& plan() const { return plan_; }
   Dataset& dataset() { return dataset_; }
   std::vector<std::size_t> indices(const ShardContext& ctx) const { return plan_.indices(ctx); }
@@ -161,7 +192,9 @@ class ShardedBatches {
   // In the shard function: this worker's samples for ctx.step (and
   // ctx.micro_step), collated; 0 rows when it has none this step.
   Batch batch(const ShardContext& ctx) {
-    const Key key{ctx.step, ctx.global_rank, ctx.global_workers, ctx.micro_step, ctx.micro_steps};
+    const BatchPosition at = plan_.positionOf(ctx);
+    const Key key{at.epoch, at.index, ctx.global_rank, ctx.global_workers, ctx.micro_step,
+                  ctx.micro_steps};
     std::optional<Batch> out;
     if (next_.valid()) {
       if (next_key_ == key) out.emplace(next_.get());
@@ -172,17 +205,18 @@ class ShardedBatches {
     if (plan_.options().prefetch && ::getpid() != parent_) prefetchAfter(key);
     return std::move(*out);
   }
-  // The whole global batch of `step`, collated: a one-process run over it
-  // computes what gradagg's workers compute together.
+  // The whole global batch of `step` (or of a position), collated: a
+  // one-process run over it computes what gradagg's workers compute together.
   Batch global_batch(std::int64_t step) { return load(plan_.indices(step)); }
+  Batch global_batch(const BatchPosition& position) { return load(plan_.indices(position)); }
 
  private:
   struct Key {
-    std::int64_t step;
+    std::int64_t epoch, index;
     int rank, workers, micro, micros;
     bool operator==(const Key& o) const {
-      return step == o.step && rank == o.rank && workers == o.workers && micro == o.micro &&
-             micros == o.micros;
+      return epoch == o.epoch && index == o.index && rank == o.rank && workers == o.workers &&
+             micro == o.micro && micros == o.micros;
     }
   };
 
@@ -203,13 +237,19 @@ class ShardedBatches {
     return detail::Collate<typename Dataset::BatchType>::apply(dataset_.get_batch(indices));
   }
 
+  // A guess: the next micro-batch, else the next batch of the epoch, else the
+  // next epoch's first. A step that reads another loads afresh.
   void prefetchAfter(const Key& key) {
     next_key_ = key;
     if (++next_key_.micro == key.micros) {
       next_key_.micro = 0;
-      ++next_key_.step;
+      if (++next_key_.index == plan_.steps_per_epoch()) {
+        next_key_.index = 0;
+        ++next_key_.epoch;
+      }
     }
-    auto indices = plan_.indices(next_key_.step, key.rank, key.workers, next_key_.micro, key.micros);
+    auto indices = plan_.indices(BatchPosition{next_key_.epoch, next_key_.index}, key.rank,
+                                 key.workers, next_key_.micro, key.micros);
     next_ = std::async(std::launch::async, [this, indices = std::move(indices)] {
       at::init_num_threads();  // the worker's intra-op thread count, not the machine's
       return load(indices);

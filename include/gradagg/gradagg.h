@@ -12,3 +12,4 @@
 #include <gradagg/population.h>
 #include <gradagg/shard.h>
 #include <gradagg/step_report.h>
+#include <gradagg/stop_signals.h>

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
 #include <gradagg/errors.h>
@@ -185,12 +186,19 @@ struct Options {
   int max_restarts = 0;
   NodeOptions nodes;
   // Each step, before the shard function, every worker seeds LibTorch's default
-  // generator from (seed, global rank, step): dropout and other random ops draw
-  // different numbers in different workers (not the copy every fork inherits),
-  // and a redone or restarted step draws the same ones. false: leave the
-  // generator alone (each worker continues the stream it forked with).
+  // generator with workerSeed(seed, global rank, step) (gradagg/shard.h):
+  // dropout and other random ops draw different numbers in different workers
+  // (not the copy every fork inherits), and a redone or restarted step draws
+  // the same ones. false: leave the generator alone (each worker continues the
+  // stream it forked with).
   bool seed_workers = true;
-  std::uint64_t seed = 0;
+  // The run's seed. Unset (the default): the parent's torch seed when the
+  // Aggregator is made (the default CPU generator's current_seed(): what
+  // torch::manual_seed / torch.manual_seed set last, and what a checkpoint's
+  // load restores), so a program's --seed changes the workers' dropout as it
+  // does in one process. Across nodes every node must have the same (compared
+  // at the rendezvous).
+  std::optional<std::uint64_t> seed;
   // Each step, compare model.parameters() with the list at construction, so a
   // replaced submodule or a new parameter is an InvalidArgument instead of a
   // silently untrained model. LibTorch builds that list anew (a few small
@@ -201,7 +209,10 @@ struct Options {
   // the workers' seeds): the steps done before this run. A resumed run gives
   // the checkpoint's TrainingState::step, so it draws the dropout masks and
   // reads the batches of the run that was never stopped, bit for bit. Across
-  // nodes every node must give the same (compared at the rendezvous).
+  // nodes every node must give the same (compared at the rendezvous). Left at
+  // 0 after Checkpoint::load into the model, the Aggregator takes the
+  // checkpoint's step (and data position); another value than the
+  // checkpoint's is an InvalidArgument.
   std::int64_t start_step = 0;
   // Room in the segment for the message of a step (step(message),
   // gradagg/message.h): its tensors' bytes, each rounded up to 64, and 152 bytes per entry. A message
@@ -220,7 +231,8 @@ struct Options {
   int resolvedThreadsPerWorker() const { return resolvedThreadsPerWorker(workers); }
 };
 
-// Cores this process may run on (sched_getaffinity), at least 1.
+// Cores this process may run on: its affinity mask (sched_getaffinity), fewer
+// where a cgroup's CPU quota allows less (rounded up); at least 1.
 int availableCores();
 
 }  // namespace gradagg

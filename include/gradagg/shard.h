@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -13,6 +14,42 @@
 #include <gradagg/message.h>
 
 namespace gradagg {
+
+// Where a step is in its data: the epoch and the batch's index in it, what
+// `for batch_idx, batch in enumerate(loader)` counts in one epoch of a
+// DataLoader. ShardedBatches::steps(epoch) lists an epoch's positions,
+// Aggregator::step(position) hands one to the shard functions, and a
+// checkpoint keeps the next one (TrainingState::position), so that leaving an
+// epoch early or resuming never shifts which batch a step reads.
+struct BatchPosition {
+  std::int64_t epoch = 0;
+  std::int64_t index = 0;  // 0..steps_per_epoch-1; steps_per_epoch: the epoch is done
+
+  bool operator==(const BatchPosition& o) const { return epoch == o.epoch && index == o.index; }
+  bool operator!=(const BatchPosition& o) const { return !(*this == o); }
+  bool operator<(const BatchPosition& o) const {
+    return epoch < o.epoch || (epoch == o.epoch && index < o.index);
+  }
+  // The position after this one's batch (same epoch; steps() starts the next).
+  BatchPosition next() const { return {epoch, index + 1}; }
+};
+
+// The seed of LibTorch's default generator in global worker `global_rank` at
+// global step `step`, given the run's seed (Options::seed, by default the
+// parent's torch seed): each worker calls torch::manual_seed(workerSeed(...))
+// before its shard function's first micro-batch of the step. A one-process
+// reference of a run with dropout seeds the same before computing worker r's
+// part (docs/how-it-works.md, "What exact means"). splitmix64's finaliser
+// (Steele, Lea and Flood, 2014) of seed ^ (rank << 40) ^ step, plus the golden
+// gamma; the same in Python (gradagg.worker_seed).
+constexpr std::uint64_t workerSeed(std::uint64_t seed, int global_rank, std::int64_t step) {
+  std::uint64_t z = (seed ^ (static_cast<std::uint64_t>(global_rank) << 40) ^
+                     static_cast<std::uint64_t>(step)) +
+                    0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
 
 // What a shard function is told: who it is and which step it computes.
 struct ShardContext {
@@ -31,6 +68,10 @@ struct ShardContext {
   // this step, 0..micro_steps-1. Pick the micro-batch by (step, micro_step).
   int micro_step = 0;
   int micro_steps = 1;
+  // Where this step is in the data, as the parent gave it to step(position)
+  // (ShardedBatches::batch reads that batch); empty for step() without one
+  // (ShardedBatches then reads the batch of `step`, step / steps_per_epoch).
+  std::optional<BatchPosition> position;
   // What the parent passed to step(message) (gradagg/message.h): read-only
   // views of the segment's copy, valid during this call. Empty for step().
   Message message;

@@ -7,9 +7,9 @@
 // A step, in the words of layout.h:
 //   1. publish: check that every tensor still lives in the snapshot (the
 //      optimizer updated it in place: nothing to copy); write the command, the
-//      step, the train/eval mode and which result to fill (the one .grad does
-//      not view); set `computed` to N + 1 and `reduced` to N; bump command_seq;
-//      wake (the control channel's command);
+//      step and its data position, the train/eval mode and which result to
+//      fill (the one .grad does not view); set `computed` to N + 1 and
+//      `reduced` to N; bump command_seq; wake (the control channel's command);
 //   2. compute: each worker loads the snapshot, runs the shard function and
 //      backward into its slot (step/slots.h), and arrives on `computed`; the
 //      last to arrive (the closer) writes the step's weights and summary once
@@ -31,8 +31,10 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <optional>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 
@@ -43,6 +45,7 @@
 #include "aggregator/worker.h"
 #include "runtime/timeouts.h"
 #include "model/model_binding.h"
+#include "model/resumed.h"
 #include "runtime/blas_warning.h"
 #include "runtime/control.h"
 #include "runtime/parent_share.h"
@@ -93,9 +96,12 @@ struct Aggregator::Impl {
   int worker_threads = 1;        // intra-op threads per worker (the topology knows who shares the cores)
 
   std::int64_t steps_done = 0;
+  BatchPosition position;                 // the data's next batch (Aggregator::position)
+  std::optional<BatchPosition> step_at;   // the position of the step being run, if any
   // Early buckets were sent when a wait for the workers failed: the other
   // groups saw the step fail, so this one cannot redo it with fresh workers.
   bool peers_saw_failure = false;
+  bool warned_identical = false;  // identical gradients were said (once per Aggregator)
   std::vector<std::uint8_t> any_grad;  // per parameter, this step
   ResultPair results;
   StepReport report;
@@ -110,6 +116,16 @@ struct Aggregator::Impl {
     if (!shard) throw InvalidArgument("shard function: expected a callable, got an empty ShardFn");
     for (auto* t : {&options.step_timeout, &options.shutdown_timeout, &options.nodes.timeout})
       *t = saturated(*t);
+    if (!options.seed) options.seed = at::detail::getDefaultCPUGenerator().current_seed();
+    if (auto resumed = takeResumed(model)) {
+      if (options.start_step != 0 && options.start_step != resumed->step)
+        throw InvalidArgument(fmt::format(
+            "Options.start_step is {}, but the model was loaded from checkpoint {} at step {}: "
+            "leave start_step at 0 (the checkpoint's step is taken) or give the checkpoint's",
+            options.start_step, resumed->path, resumed->step));
+      options.start_step = resumed->step;
+      position = resumed->position;
+    }
     const int n = options.workers;
     topology = joinTopology(options, binding);
     LayoutSizes sizes;
@@ -212,6 +228,35 @@ struct Aggregator::Impl {
           param_list.size(), now.size()));
   }
 
+  // A Checkpoint::load into the model since the last step: the run goes on
+  // from the checkpoint's step and position.
+  void takeCheckpointsLoad() {
+    if (auto resumed = takeResumed(model)) {
+      steps_done = resumed->step;
+      position = resumed->position;
+    }
+  }
+
+  const StepReport& step(const std::optional<BatchPosition>& at, const Message& m) {
+    takeCheckpointsLoad();
+    if (at && *at < position)
+      throw InvalidArgument(fmt::format(
+          "gradagg: step(position) at batch {} of epoch {}, but the data are at batch {} of "
+          "epoch {} already ({}): a batch is trained once; go on with "
+          "ShardedBatches::steps(epoch, aggregator.position())",
+          at->index, at->epoch, position.index, position.epoch,
+          steps_done == options.start_step ? "the checkpoint this run resumed from"
+                                           : "the steps this run made"));
+    if (at && (at->epoch < 0 || at->index < 0))
+      throw InvalidArgument(fmt::format(
+          "gradagg: step(position) at batch {} of epoch {}: expected both >= 0", at->index,
+          at->epoch));
+    step_at = at;
+    const StepReport& r = step(m);
+    if (at) position = at->next();
+    return r;
+  }
+
   const StepReport& step(const Message& m) {
     if (!channel.usable())
       throw NotUsable("gradagg: the aggregator is not usable: " + channel.unusableReason());
@@ -244,6 +289,8 @@ struct Aggregator::Impl {
     Header& h = map.header();
     h.command = static_cast<std::uint32_t>(c);
     h.step = steps_done;
+    h.epoch = step_at ? step_at->epoch : -1;
+    h.batch_index = step_at ? step_at->index : -1;
     h.training = !model.is_training || model.is_training() ? 1 : 0;
     h.result_index = static_cast<std::uint32_t>(results.fresh());
     h.command_ns = nowNs();
@@ -273,6 +320,7 @@ struct Aggregator::Impl {
     }
     times.reduced = Clock::now();
     LocalOutcome local = slots->collect(any_grad);
+    if (!warned_identical && local.failed < 0 && local.non_finite < 0) warnIfIdentical();
     std::string metric_error;
     if (!local.totals.failed) metric_error = metrics->collect(local.totals);
     local.totals.failed = local.totals.failed || !metric_error.empty();
@@ -300,6 +348,20 @@ struct Aggregator::Impl {
     metrics->report(all, report);
     ++steps_done;
     return report;
+  }
+
+  // Misuse that trains silently: every worker computed on the same batch.
+  void warnIfIdentical() {
+    if (!slots->identicalGradients()) return;
+    warned_identical = true;
+    fmt::print(stderr,
+               "gradagg: warning: in step {} every worker's gradient was the same, bit for bit: "
+               "they most likely read the same batch. A DataLoader or iterator of the parent "
+               "read inside the shard function gives each worker its forked copy's next batch; "
+               "pick each worker's part by ctx (gradagg::data::ShardedBatches, "
+               "gradagg.data.ShardedBatches). Said once.\n",
+               steps_done);
+    std::fflush(stderr);
   }
 
   // Early buckets (step/buckets.h), in order: once every worker has taken
@@ -379,7 +441,18 @@ const StepReport& Aggregator::step() {
 }
 const StepReport& Aggregator::step(const Message& message) {
   if (!impl_) throw NotUsable("gradagg: the aggregator was moved from");
-  return impl_->step(message);
+  return impl_->step(std::nullopt, message);
+}
+const StepReport& Aggregator::step(const BatchPosition& position) {
+  static const Message kNone;
+  return step(position, kNone);
+}
+const StepReport& Aggregator::step(const BatchPosition& position, const Message& message) {
+  if (!impl_) throw NotUsable("gradagg: the aggregator was moved from");
+  return impl_->step(position, message);
+}
+BatchPosition Aggregator::position() const noexcept {
+  return impl_ ? impl_->position : BatchPosition{};
 }
 void Aggregator::shutdown() { if (impl_) impl_->shutdown(); }
 bool Aggregator::usable() const noexcept { return impl_ && impl_->channel.usable(); }

@@ -160,6 +160,7 @@ class Worker final : public ServedWorker {
       ctx.rank = s_.rank;
       ctx.workers = map_.workers();
       ctx.step = header_.step;
+      if (header_.epoch >= 0) ctx.position = BatchPosition{header_.epoch, header_.batch_index};
       ctx.global_rank = s_.ranks.global_offset + s_.rank;
       ctx.global_workers = s_.ranks.global_workers;
       ctx.node = s_.ranks.node;
@@ -230,7 +231,7 @@ class Worker final : public ServedWorker {
   void loadSnapshot() {
     enter(Phase::kLoadingSnapshot);
     if (s_.options->seed_workers)
-      at::manual_seed(stepSeed(s_.options->seed, s_.ranks.global_offset + s_.rank, header_.step));
+      at::manual_seed(workerSeed(*s_.options->seed, s_.ranks.global_offset + s_.rank, header_.step));
     const bool training = header_.training != 0;
     const ModelView& m = *s_.model;
     if (m.set_training && (!m.is_training || m.is_training() != training)) m.set_training(training);

@@ -2,7 +2,12 @@
 // durable file (checkpoint/durable_file.h): a torch::serialize archive of
 //   format "gradagg-checkpoint/1", step, rng, names (parameter and buffer
 //   names, '\n'-joined), p<i> / b<i> (their tensors), optimizer (an archive),
-//   metadata, settings (length-prefixed key/value text).
+//   metadata, settings (length-prefixed key/value text), and since the data
+//   position and schedulers: epoch, batch_index (TrainingState::position; a
+//   file without them reads {0, 0}), scheduler_steps (an LR scheduler's step
+//   count, when one was saved).
+// The payload is made on the caller's thread; the writer thread
+// (checkpoint/checkpoint_writer.h) puts it in place.
 #include <gradagg/checkpoint.h>
 
 #include <sys/stat.h>
@@ -18,8 +23,12 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
+#include <torch/optim/schedulers/lr_scheduler.h>
+
+#include "checkpoint/checkpoint_writer.h"
 #include "checkpoint/durable_file.h"
 #include "model/model_binding.h"
+#include "model/resumed.h"
 #include "runtime/text_map.h"
 
 namespace gradagg {
@@ -43,6 +52,16 @@ std::string identityOf(std::uint64_t crc, std::size_t bytes) {
   return fmt::format("{:016x}-{:x}", crc, bytes);
 }
 
+// An LR scheduler's state is its step count (the rates live in the optimizer's
+// parameter groups, which the optimizer's archive holds); LibTorch keeps it
+// protected, so it is reached as a member of a derived class.
+struct SchedulerSteps : torch::optim::LRScheduler {
+  static unsigned& of(torch::optim::LRScheduler& s) { return s.*(&SchedulerSteps::step_count_); }
+  static unsigned of(const torch::optim::LRScheduler& s) {
+    return s.*(&SchedulerSteps::step_count_);
+  }
+};
+
 std::string joinNames(const ModelView& model) {
   std::string names;
   for (const auto& p : model.parameters) names += "p " + p.name + "\n";
@@ -53,26 +72,39 @@ std::string joinNames(const ModelView& model) {
 }  // namespace
 
 Checkpoint::Checkpoint(std::string path, Access access)
-    : path_(std::move(path)), access_(access) {
+    : path_(std::move(path)), access_(access), writer_(std::make_shared<detail::CheckpointWriter>()) {
   if (access_ == Access::kReadWrite) {
     detail::checkWritable(path_);
     lock_ = std::make_shared<const CheckpointLock>(path_);
   }
 }
 
+void Checkpoint::wait() const {
+  if (writer_) writer_->wait();
+}
+
 bool Checkpoint::exists() const {
+  wait();
   struct stat st {};
   return ::stat(path_.c_str(), &st) == 0;
 }
 
 void Checkpoint::save(const ModelView& model, const torch::optim::Optimizer* optimizer,
-                      const TrainingState& state) const {
+                      const TrainingState& state,
+                      const torch::optim::LRScheduler* scheduler) const {
   if (access_ == Access::kReadOnly) fail(path_, "was opened read-only (Access::kReadOnly)");
+  if (!writer_) fail(path_, "is a moved-from Checkpoint");
+  writer_->wait();  // the previous write's failure first, before anything of this one
   std::string payload;
   try {
     torch::serialize::OutputArchive archive;
     archive.write("format", c10::IValue(std::string(kFormat)));
     archive.write("step", c10::IValue(state.step));
+    archive.write("epoch", c10::IValue(state.position.epoch));
+    archive.write("batch_index", c10::IValue(state.position.index));
+    if (scheduler != nullptr)
+      archive.write("scheduler_steps",
+                    c10::IValue(static_cast<std::int64_t>(SchedulerSteps::of(*scheduler))));
     archive.write("names", c10::IValue(joinNames(model)));
     for (std::size_t i = 0; i < model.parameters.size(); ++i)
       archive.write(fmt::format("p{}", i), model.parameters[i].tensor.detach());
@@ -97,12 +129,13 @@ void Checkpoint::save(const ModelView& model, const torch::optim::Optimizer* opt
   } catch (const c10::Error& e) {
     fail(path_, fmt::format("serialising failed: {}", e.what_without_backtrace()));
   }
-  detail::writeDurably(path_, payload);
+  writer_->start(path_, std::move(payload), state.step);
 }
 
 void Checkpoint::save(torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
-                      const TrainingState& state) const {
-  save(viewOf(model), &optimizer, state);
+                      const TrainingState& state,
+                      const torch::optim::LRScheduler* scheduler) const {
+  save(viewOf(model), &optimizer, state, scheduler);
 }
 
 namespace {
@@ -137,6 +170,8 @@ Saved readSaved(torch::serialize::InputArchive& archive, const std::string& payl
     state.metadata = decode(v.toStringRef(), path);
     archive.read("step", v);
     state.step = v.toInt();
+    if (archive.try_read("epoch", v)) state.position.epoch = v.toInt();
+    if (archive.try_read("batch_index", v)) state.position.index = v.toInt();
     archive.read("names", v);
     if (v.toStringRef() != joinNames(model)) {
       // Name the first parameter or buffer that differs.
@@ -194,7 +229,9 @@ void checkShapes(const ModelView& model, const Saved& saved, const std::string& 
 }  // namespace
 
 TrainingState Checkpoint::load(const ModelView& model, torch::optim::Optimizer* optimizer,
-                               const std::map<std::string, std::string>& settings) const {
+                               const std::map<std::string, std::string>& settings,
+                               torch::optim::LRScheduler* scheduler) const {
+  wait();  // a save in flight first: this reads what it wrote (or throws why it could not)
   std::uint64_t crc = 0;
   const std::string payload = detail::readVerified(path_, &crc);  // names a missing file too
   torch::serialize::InputArchive archive;
@@ -204,6 +241,13 @@ TrainingState Checkpoint::load(const ModelView& model, torch::optim::Optimizer* 
   // Settings first, then every shape: nothing is changed before all fit.
   checkSettings(state.settings, settings, path_);
   checkShapes(model, saved, path_);
+  std::int64_t scheduler_steps = 0;
+  if (scheduler != nullptr) {
+    c10::IValue v;
+    if (!archive.try_read("scheduler_steps", v))
+      fail(path_, "holds no scheduler state (it was saved without a scheduler)");
+    scheduler_steps = v.toInt();
+  }
   try {
     if (optimizer != nullptr) {
       torch::serialize::InputArchive nested;
@@ -222,15 +266,20 @@ TrainingState Checkpoint::load(const ModelView& model, torch::optim::Optimizer* 
     for (std::size_t i = 0; i < saved.buffers.size(); ++i)
       model.buffers[i].tensor.copy_(saved.buffers[i]);
   }
-  auto generator = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(saved.rng);
+  if (scheduler != nullptr) SchedulerSteps::of(*scheduler) = static_cast<unsigned>(scheduler_steps);
+  {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(saved.rng);
+  }
+  detail::noteResumed(model, detail::Resumed{state.step, state.position, path_});
   return state;
 }
 
 TrainingState Checkpoint::load(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                               const std::map<std::string, std::string>& settings) const {
-  return load(viewOf(model), &optimizer, settings);
+                               const std::map<std::string, std::string>& settings,
+                               torch::optim::LRScheduler* scheduler) const {
+  return load(viewOf(model), &optimizer, settings, scheduler);
 }
 
 std::string Checkpoint::identity() const {

@@ -73,30 +73,53 @@ const std::vector<std::int64_t>& BatchPlan::order(std::int64_t epoch) const {
   return order_;
 }
 
-std::pair<std::size_t, std::size_t> BatchPlan::part(std::int64_t step, int global_rank,
-                                                    int global_workers, int micro_step,
-                                                    int micro_steps) const {
+BatchPosition BatchPlan::positionOf(std::int64_t step) const {
+  const std::int64_t e = epoch(step);
+  return {e, step - e * steps_per_epoch_};
+}
+
+std::vector<BatchPosition> BatchPlan::steps(std::int64_t epoch, BatchPosition start) const {
+  if (epoch < 0)
+    throw InvalidArgument(fmt::format("gradagg::data: epoch {}, expected >= 0", epoch));
+  std::int64_t first = 0;
+  if (start.epoch > epoch) first = steps_per_epoch_;
+  else if (start.epoch == epoch) first = std::clamp<std::int64_t>(start.index, 0, steps_per_epoch_);
+  std::vector<BatchPosition> out;
+  out.reserve(static_cast<std::size_t>(steps_per_epoch_ - first));
+  for (std::int64_t i = first; i < steps_per_epoch_; ++i) out.push_back({epoch, i});
+  return out;
+}
+
+std::pair<std::size_t, std::size_t> BatchPlan::part(const BatchPosition& position,
+                                                    int global_rank, int global_workers,
+                                                    int micro_step, int micro_steps) const {
   checkPart("worker", global_rank, global_workers);
   checkPart("micro-batch", micro_step, micro_steps);
-  const std::int64_t position = step - epoch(step) * steps_per_epoch_;
-  const std::size_t begin = static_cast<std::size_t>(position) * batch_;
+  if (position.epoch < 0 || position.index < 0 || position.index >= steps_per_epoch_)
+    throw InvalidArgument(fmt::format(
+        "gradagg::data: batch {} of epoch {}: expected epoch >= 0 and 0 <= batch < {} (the "
+        "batches of an epoch of {} samples in batches of {}{})",
+        position.index, position.epoch, steps_per_epoch_, size_, batch_,
+        options_.drop_last ? ", the last one dropped" : ""));
+  const std::size_t begin = static_cast<std::size_t>(position.index) * batch_;
   const std::size_t end = std::min(begin + batch_, size_);
   const auto [w0, w1] = split(end - begin, global_rank, global_workers);
   const auto [m0, m1] = split(w1 - w0, micro_step, micro_steps);
   return {begin + w0 + m0, begin + w0 + m1};
 }
 
-std::vector<std::size_t> BatchPlan::indices(std::int64_t step, int global_rank, int global_workers,
-                                            int micro_step, int micro_steps) const {
-  const auto [begin, end] = part(step, global_rank, global_workers, micro_step, micro_steps);
-  const std::vector<std::int64_t>& all = order(epoch(step));
+std::vector<std::size_t> BatchPlan::indices(const BatchPosition& position, int global_rank,
+                                            int global_workers, int micro_step,
+                                            int micro_steps) const {
+  const auto [begin, end] = part(position, global_rank, global_workers, micro_step, micro_steps);
+  const std::vector<std::int64_t>& all = order(position.epoch);
   return std::vector<std::size_t>(all.begin() + static_cast<std::ptrdiff_t>(begin),
                                   all.begin() + static_cast<std::ptrdiff_t>(end));
 }
 
 std::int64_t BatchPlan::samples(const ShardContext& ctx) const {
   const auto [begin, end] =
-      part(ctx.step, ctx.global_rank, ctx.global_workers, ctx.micro_step, ctx.micro_steps);
+      part(positionOf(ctx), ctx.global_rank, ctx.global_workers, ctx.micro_step, ctx.micro_steps);
   return static_cast<std::int64_t>(end - begin);
 }
 

@@ -63,7 +63,7 @@
 namespace gradagg::detail {
 
 inline constexpr std::uint64_t kMagic = 0x3167'6761'6461'7267ULL;  // "grdagg1"
-inline constexpr std::uint32_t kLayoutVersion = 6;
+inline constexpr std::uint32_t kLayoutVersion = 7;
 // Arrive lines for early buckets (step/buckets.h) in the header.
 inline constexpr int kMaxEarlyBuckets = 64;
 // The most workers one segment serves (Options::kMaxWorkers).
@@ -131,6 +131,8 @@ struct alignas(kAlign) Header {
   std::uint32_t training;      // the parent model's is_training(), applied to every replica
   std::uint32_t result_index;  // which result (0 or 1) this step reduces into
   std::int64_t step;           // the step number the shard functions are told
+  std::int64_t epoch;          // the step's BatchPosition (step(position)), or -1: none
+  std::int64_t batch_index;
   std::int64_t command_ns;     // CLOCK_MONOTONIC when the command was issued (for wake_ms)
 
   // ---- computed line. Set to N + 1 by the parent before it bumps command_seq;

@@ -179,6 +179,27 @@ void SlotReader::prepareStart() {
   }
 }
 
+bool SlotReader::identicalGradients() const {
+  const std::uint64_t bytes = map_.layout.sizes.param_bytes;
+  int first = -1, compared = 0;
+  for (int r = 0; r < workers_; ++r) {
+    if (!ok(r) || samples(r) <= 0) continue;
+    if (first < 0) {
+      first = r;
+      continue;
+    }
+    // Different gradients differ within their first bytes: this is cheap
+    // unless they are the same, which is then said once.
+    if (std::memcmp(map_.slot(first), map_.slot(r), bytes) != 0) return false;
+    ++compared;
+  }
+  if (compared == 0) return false;
+  const std::byte* g = map_.slot(first);
+  for (std::uint64_t i = 0; i < bytes; ++i)
+    if (g[i] != std::byte{0}) return true;  // all zeros (a frozen model) is not a sign
+  return false;
+}
+
 LocalOutcome SlotReader::collect(std::vector<std::uint8_t>& any_grad) const {
   LocalOutcome out;
   for (int r = workers_ - 1; r >= 0; --r) {

@@ -125,6 +125,10 @@ class SlotReader {
   // The rows [offset, offset + rows) of the slots' rows, OR-ed over the
   // workers, into `out` (step/sparse_rows.h).
   void touchedRows(std::uint64_t offset, std::int64_t rows, std::uint8_t* out) const;
+  // Every worker with samples left the same gradient, bit for bit, and it is
+  // not all zeros: they most likely read the same batch (a parent's iterator
+  // read in the shard function). False with fewer than two such workers.
+  bool identicalGradients() const;
 
   int workers() const { return workers_; }
   bool ok(int r) const { return status(r) == SlotStatus::kOk; }

@@ -120,6 +120,8 @@ std::map<std::string, std::string> agreementOf(const Options& options) {
   const NodeOptions& o = options.nodes;
   std::map<std::string, std::string> fields;
   fields["start_step"] = std::to_string(options.start_step);
+  // The workers' dropout streams derive from it: one seed for the job.
+  if (options.seed_workers) fields["seed"] = std::to_string(options.seed.value_or(0));
   // The step's collectives must have the same shape everywhere.
   fields["compression"] = o.compression == Compression::kBFloat16 ? "bf16" : "none";
   fields["bucket_bytes"] = std::to_string(o.bucket_bytes);

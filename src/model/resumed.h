@@ -1,0 +1,31 @@
+// What a checkpoint's load told about a model: the global step and data
+// position its parameters now hold. Checkpoint::load (C++) and
+// gradagg.Checkpoint.load (Python) note it; an Aggregator of that model takes
+// it when it is made (Options::start_step) and before each step (a load after
+// it was made), so a resumed run cannot go on from another step by mistake.
+// Keyed by the model's first tensor (its TensorImpl, which keeps its identity
+// when the Aggregator moves it into shared memory), held weakly: a note about a
+// model that is gone is dropped.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <gradagg/model.h>
+#include <gradagg/shard.h>
+
+namespace gradagg::detail {
+
+struct Resumed {
+  std::int64_t step = 0;
+  BatchPosition position;
+  std::string path;  // the checkpoint, for errors
+};
+
+// Replaces an earlier note about the same model.
+void noteResumed(const ModelView& model, Resumed resumed);
+// The note about `model`, removed; nullopt when there is none.
+std::optional<Resumed> takeResumed(const ModelView& model);
+
+}  // namespace gradagg::detail
