@@ -22,6 +22,7 @@
 #include <gradagg/interrupt.h>
 
 #include "runtime/host_hooks.h"
+#include "runtime/stop_signals.h"
 
 namespace gradagg::python {
 
@@ -57,6 +58,7 @@ void onSigint(int signal, siginfo_t* info, void* context) {
 }
 
 void armSigint() {
+  if (detail::stopSignalsOwnSigint()) return;  // gradagg.StopSignals: it ends the waits itself
   struct sigaction now {};
   if (::sigaction(SIGINT, nullptr, &now) != 0) return;
   if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == onSigint) return;  // armed

@@ -11,6 +11,7 @@
 #include <gradagg/interrupt.h>
 
 #include "runtime/interrupt.h"
+#include "runtime/stop_signals.h"
 
 namespace gradagg {
 
@@ -50,6 +51,8 @@ void onStopSignal(int signal) {
 }
 
 }  // namespace
+
+bool detail::stopSignalsOwnSigint() noexcept { return g_installed.load() && g_installed_on[0]; }
 
 StopSignals::StopSignals(std::chrono::milliseconds patience) {
   if (g_installed.exchange(true))
