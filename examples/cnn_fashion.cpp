@@ -176,6 +176,6 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  example::installStopSignals();
+  example::stopSignals();
   example::runMain("cnn_fashion", run, argc, argv);
 }

@@ -29,6 +29,7 @@
 
 #include <gradagg/errors.h>
 #include <gradagg/interrupt.h>
+#include <gradagg/stop_signals.h>
 
 namespace example {
 
@@ -41,12 +42,22 @@ enum ExitCode : int {
   kInternalError = 70,
 };
 
-inline volatile std::sig_atomic_t g_stop_signal = 0;
+// SIGINT, SIGTERM and SIGHUP ask the run to stop after its current step:
+// gradagg::StopSignals (gradagg/stop_signals.h), one for the program, made by
+// the first call (main's first lines). A second signal kills, except one
+// within a second of the first (the same request twice) or one while a
+// checkpoint is being written (stopSignals().hold()), which waits for the file.
+inline gradagg::StopSignals& stopSignals() {
+  static gradagg::StopSignals stop(std::chrono::milliseconds(100));
+  return stop;
+}
+
+inline int stopSignal() { return stopSignals().signal(); }
 
 inline int exitCodeFor(const std::exception& e) {
   // A stop signal ended a wait on the other nodes: the stop's exit code.
-  if (dynamic_cast<const gradagg::Interrupted*>(&e) != nullptr && g_stop_signal != 0)
-    return 128 + g_stop_signal;
+  if (dynamic_cast<const gradagg::Interrupted*>(&e) != nullptr && stopSignal() != 0)
+    return 128 + stopSignal();
   if (dynamic_cast<const gradagg::FileError*>(&e) != nullptr) return kFileFailed;
   if (dynamic_cast<const gradagg::InvalidArgument*>(&e) != nullptr) return kBadInput;
   if (dynamic_cast<const std::invalid_argument*>(&e) != nullptr) return kBadInput;
@@ -102,77 +113,5 @@ inline std::optional<int> parseCommandLine(CLI::App& app, int argc, char** argv)
   }
 }
 
-// SIGINT, SIGTERM and SIGHUP ask the run to stop after its current step. A
-// second one kills, except that
-//  - one within a second of the first is the same request delivered twice
-//    (timeout(1) signals the program and then its process group; Ctrl-C in a
-//    terminal reaches every process of the job) and is ignored;
-//  - one that comes while a checkpoint is being written (HoldStopSignals)
-//    takes effect once the file is in place.
-// A SIGINT ignored at start (a background job of a script) stays ignored.
-// SIGXFSZ is ignored, so a file size limit is a write error the program
-// reports, not a core dump.
-inline volatile std::sig_atomic_t g_holding = 0;      // a checkpoint is being written
-inline volatile std::sig_atomic_t g_held_signal = 0;  // a second request meanwhile
-inline std::int64_t g_first_stop_ns = 0;              // written by the handler only
-
-inline std::int64_t monotonicNs() {
-  struct timespec t {};
-  ::clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
-  return std::int64_t{t.tv_sec} * 1000000000 + t.tv_nsec;
-}
-
-inline void onStopSignal(int signal) {
-  if (g_stop_signal == 0) {
-    g_first_stop_ns = monotonicNs();
-    g_stop_signal = signal;
-    // A node waiting on the other nodes (at the rendezvous, for a slow or
-    // stopped peer) ends that wait 100 ms on (gradagg::Interrupted) instead
-    // of at its timeout; a step whose peers answer within 100 ms of each
-    // wait ends as usual and the run stops at its boundary.
-    gradagg::interruptWaits(std::chrono::milliseconds(100));
-    return;
-  }
-  if (monotonicNs() - g_first_stop_ns < 1000000000) return;  // the same request, again
-  if (g_holding) {
-    g_held_signal = signal;
-    return;
-  }
-  ::signal(signal, SIG_DFL);
-  ::raise(signal);  // delivered when the handler returns: the default action, now
-}
-
-inline void installStopSignals() {
-  struct sigaction action {};
-  action.sa_handler = onStopSignal;
-  sigemptyset(&action.sa_mask);
-  sigaddset(&action.sa_mask, SIGINT);
-  sigaddset(&action.sa_mask, SIGTERM);
-  sigaddset(&action.sa_mask, SIGHUP);
-  ::sigaction(SIGTERM, &action, nullptr);
-  ::sigaction(SIGHUP, &action, nullptr);
-  struct sigaction previous {};
-  if (::sigaction(SIGINT, nullptr, &previous) == 0 && previous.sa_handler != SIG_IGN)
-    ::sigaction(SIGINT, &action, nullptr);
-  std::signal(SIGXFSZ, SIG_IGN);
-}
-
-// While one lives (around a checkpoint's save), a second stop request waits:
-// it takes effect when the save is done and the file in place.
-class HoldStopSignals {
- public:
-  HoldStopSignals() { g_holding = 1; }
-  ~HoldStopSignals() {
-    g_holding = 0;
-    if (const int held = g_held_signal) {
-      ::signal(held, SIG_DFL);
-      ::raise(held);
-    }
-  }
-  HoldStopSignals(const HoldStopSignals&) = delete;
-  HoldStopSignals& operator=(const HoldStopSignals&) = delete;
-};
-
-inline int stopSignal() { return g_stop_signal; }
 
 }  // namespace example

@@ -145,7 +145,7 @@ int run(int argc, char** argv) {
 
   // Ctrl-C, SIGTERM or SIGHUP: finish the step, write the checkpoint, exit
   // 128 + the signal; a second one kills.
-  example::installStopSignals();
+  example::stopSignals();
 
   std::ofstream metrics;
   auto checkMetrics = [&] {
@@ -195,7 +195,7 @@ int run(int argc, char** argv) {
   };
   bool told = false;
   callbacks.around_save = [](const std::function<void()>& save) {
-    example::HoldStopSignals hold;  // a second Ctrl-C waits until the file is in place
+    auto hold = example::stopSignals().hold();  // a second Ctrl-C waits until the file is in place
     save();
   };
   callbacks.should_stop = [&] {

@@ -351,7 +351,12 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
       state.step = progress.step;
       state.metadata = metadataOf(progress);
       state.settings = trajectorySettings(config);
-      auto save = [&] { checkpoint->save(*model, *optimizer, state); };
+      // The file is written off this thread (the step goes on); the last
+      // save of the run waits until it is in place.
+      auto save = [&] {
+        checkpoint->save(*model, *optimizer, state);
+        if (stop || finished) checkpoint->wait();
+      };
       if (callbacks.around_save)
         callbacks.around_save(save);
       else

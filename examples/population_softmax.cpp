@@ -89,7 +89,7 @@ int run(int argc, char** argv) {
   // Checked now, not when the first checkpoint is due.
   std::optional<gradagg::Checkpoint> checkpoint;
   if (!checkpoint_path.empty()) checkpoint.emplace(checkpoint_path);
-  example::installStopSignals();
+  example::stopSignals();
 
   idx::MnistDir mnist;
   try {
@@ -143,7 +143,7 @@ int run(int argc, char** argv) {
   // A resumed population goes on from its members' step.
   // A second Ctrl-C while a checkpoint is written waits until the file is in place.
   auto save = [&] {
-    example::HoldStopSignals hold;
+    auto hold = example::stopSignals().hold();
     population.checkpoint(checkpoint->path());
   };
   std::int64_t saved_at = population.snapshot(0).step;

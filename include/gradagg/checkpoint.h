@@ -55,11 +55,6 @@ class CheckpointWriter;
 // Where a run is and what it was started with.
 struct TrainingState {
   std::int64_t step = 0;  // optimizer steps done in all
-  // The data's next batch (Aggregator::position()): the loop goes on with
-  // ShardedBatches::steps(epoch, position) for epoch = position.epoch on. A
-  // checkpoint taken at an epoch's last step holds {epoch, steps_per_epoch}:
-  // the resumed loop runs what followed that epoch (its scheduler step) first.
-  BatchPosition position;
   // The application's own values (epoch sums, a data cursor, ...), as text:
   // format numbers with fmt's "{}" (shortest round trip) and read them back exactly.
   std::map<std::string, std::string> metadata;
@@ -69,6 +64,11 @@ struct TrainingState {
   // Set by load(): the identity() of the file it read (NodeOptions::resume_identity),
   // without reading the file again. save() ignores it.
   std::string identity;
+  // The data's next batch (Aggregator::position()): the loop goes on with
+  // ShardedBatches::steps(epoch, position) for epoch = position.epoch on. A
+  // checkpoint taken at an epoch's last step holds {epoch, steps_per_epoch}:
+  // the resumed loop runs what followed that epoch (its scheduler step) first.
+  BatchPosition position;
 };
 
 // A checkpoint that cannot be written or read, or does not fit: path() names

@@ -8,8 +8,10 @@ each worker reads its own part of every global batch, chosen by the step alone.
     PYTHONPATH=build/python python3 python/examples/fashion_mnist.py --workers 2 --epochs 5
 
 --checkpoint FILE saves the model, Adam, the position and the random states
-(gradagg.Checkpoint: written whole or not at all) after every epoch;
---resume FILE goes on from one, as if never stopped (try --stop-after N).
+(gradagg.Checkpoint: written whole or not at all, off the training thread) after
+every epoch, and when stopped by Ctrl-C, SIGTERM or SIGHUP (gradagg.StopSignals:
+the step in progress ends first; exit code 128 + the signal); --resume FILE goes
+on from one, as if never stopped (try --stop-after N).
 
 Data: Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist), or --data DIR
 with the four IDX .gz files.
@@ -118,7 +120,8 @@ def main():
     p.add_argument("--single", action="store_true",
                    help="one process on the same global batches (batch x workers)")
     p.add_argument("--checkpoint", metavar="FILE",
-                   help="save model, optimizer, position and RNG to FILE after every epoch")
+                   help="save model, optimizer, position and RNG to FILE after every epoch "
+                        "and when stopped (Ctrl-C, SIGTERM, SIGHUP)")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="also every N steps")
     p.add_argument("--resume", metavar="FILE", help="continue from a checkpoint (same settings)")
@@ -131,7 +134,13 @@ def main():
         p.error("--checkpoint-every and --stop-after must be >= 0")
     # Checked now, before any training: a bad path fails at once, naming the file.
     checkpoint = gradagg.Checkpoint(args.checkpoint) if args.checkpoint else None
+    # SIGINT, SIGTERM and SIGHUP: stop after the step in progress, with a checkpoint.
+    with gradagg.StopSignals() as stop:
+        return train(p, args, checkpoint, stop)
 
+
+def train(p, args, checkpoint, stop):
+    """The run: 0 when done (or --stop-after), 128 + the signal when stopped by one."""
     train_x, train_y = load(args.data, "train")
     test_x, test_y = load(args.data, "t10k")
     if args.limit:
@@ -150,18 +159,18 @@ def main():
     # What changes the steps: a resume must have the same (--epochs may grow).
     settings = {"workers": args.workers, "batch": args.batch, "lr": args.lr, "seed": args.seed,
                 "hidden": args.hidden, "limit": args.limit, "single": args.single}
-    first_step, total_loss, total_correct = 0, 0.0, 0
+    state, total_loss, total_correct = gradagg.TrainingState(), 0.0, 0
     if args.resume:
+        # The model's Aggregator goes on from the checkpoint's step and position.
         state = gradagg.Checkpoint(args.resume, read_only=True).load(model, opt,
                                                                      settings=settings)
-        first_step = state.step
         total_loss = state.user.get("epoch_loss_sum", 0.0)
         total_correct = state.user.get("epoch_correct", 0)
     total_steps = args.epochs * steps_per_epoch
 
-    # Worker ctx.rank's args.batch samples of step ctx.step's global batch: a function of
-    # the step alone, so a restarted worker or a resumed run reads the same samples. (Not
-    # a DataLoader iterated here: each worker would have a forked copy of it, all alike.)
+    # Worker ctx.rank's args.batch samples of the global batch at ctx.position: a function
+    # of the position alone, so a restarted worker or a resumed run reads the same samples.
+    # (Not a DataLoader iterated here: each worker would have a forked copy of it, all alike.)
     def shard(ctx):
         x, y = data.batch(ctx)
         out = model(x)
@@ -171,41 +180,42 @@ def main():
     mode = "one process" if args.single else f"gradagg, {args.workers} workers"
     print(f"Fashion-MNIST: {len(train_x)} training samples, {mode}, global batch "
           f"{global_batch}, {steps_per_epoch} steps per epoch, Adam {args.lr}")
-    if args.resume and first_step >= total_steps:
-        print(f"{args.resume} has done {first_step // steps_per_epoch} epochs: nothing left to "
+    step, position = state.step, state.position
+    if args.resume and step >= total_steps:
+        print(f"{args.resume} has done {step // steps_per_epoch} epochs: nothing left to "
               f"do (raise --epochs to go on)")
     elif args.resume:
-        print(f"resumed from {args.resume} at step {first_step} of {total_steps}")
-    step = first_step
+        print(f"resumed from {args.resume} at step {step} of {total_steps}")
     last_step = min(total_steps, args.stop_after) if args.stop_after else total_steps
 
-    saved = [first_step]
+    saved = [(step, position)]
 
-    def save():  # once per step; at an epoch's end its loss sum is done with
-        if checkpoint is not None and saved[0] != step:
-            mid_epoch = step % steps_per_epoch != 0
-            checkpoint.save(model, opt, step=step, settings=settings,
-                            user={"epoch_loss_sum": total_loss if mid_epoch else 0.0,
-                                  "epoch_correct": total_correct if mid_epoch else 0})
-            saved[0] = step
+    def save():  # once per (step, position); an epoch's end has its loss sums done with
+        if checkpoint is not None and saved[0] != (step, position):
+            checkpoint.save(model, opt, step=step, position=position, settings=settings,
+                            user={"epoch_loss_sum": total_loss, "epoch_correct": total_correct})
+            saved[0] = (step, position)
 
-    # ctx.step counts from start_step: a resumed run reads the batches (and its workers
-    # draw the random numbers) of the run that was never stopped.
+    # Without start_step: a fresh run starts at step 0, a resumed one (the load above) at the
+    # checkpoint's step and position, so its workers read the batches (and draw the random
+    # numbers) of the run that was never stopped.
     agg = None if args.single or step >= last_step else gradagg.Aggregator(
-        model, shard, workers=args.workers, start_step=step)
+        model, shard, workers=args.workers)
     try:
-        for epoch in range(first_step // steps_per_epoch, args.epochs):
-            if step >= last_step:
+        for epoch in range(position.epoch, args.epochs):
+            if step >= last_step or stop.requested:
                 break
             progress = Progress(steps_per_epoch, f"epoch {epoch + 1}/{args.epochs}")
             begin, begin_step = time.monotonic(), step
             try:
-                while step < min((epoch + 1) * steps_per_epoch, last_step):
+                for at in data.steps(epoch, position):  # one epoch, as a DataLoader's
+                    if step >= last_step or stop.requested:
+                        break
                     if agg is not None:
-                        report = agg.step()
+                        report = agg.step(at)
                         loss, correct = report.loss, int(report.metrics["correct"])
                     else:  # the same global batch, whole
-                        x, y = data.global_batch(step)
+                        x, y = data.global_batch(at)
                         opt.zero_grad()
                         out = model(x)
                         loss_t = torch.nn.functional.cross_entropy(out, y)
@@ -214,29 +224,41 @@ def main():
                     opt.step()
                     total_loss += loss
                     total_correct += correct
-                    step += 1
+                    step, position = step + 1, at.next()
                     progress.update(1, loss)
                     if args.checkpoint_every and step % args.checkpoint_every == 0:
                         save()
             finally:
                 progress.close()
-            if step < (epoch + 1) * steps_per_epoch:  # --stop-after, mid-epoch
+            if position.index < steps_per_epoch:  # stopped mid-epoch
                 break
+            # What follows the epoch (also first thing after a resume from its last step).
             seconds = time.monotonic() - begin
             test_loss, accuracy = evaluate(model, test_x, test_y)
             print(f"epoch {epoch + 1}: train loss {total_loss / steps_per_epoch:.4f} train accuracy "
                   f"{total_correct / (steps_per_epoch * global_batch):.4f} test loss "
                   f"{test_loss:.4f} test accuracy {accuracy:.4f} "
-                  f"({(step - begin_step) * global_batch / seconds:.0f} samples/s)", flush=True)
-            total_loss, total_correct = 0.0, 0
+                  f"({(step - begin_step) * global_batch / max(seconds, 1e-9):.0f} samples/s)",
+                  flush=True)
+            total_loss, total_correct, position = 0.0, 0, gradagg.BatchPosition(epoch + 1, 0)
             save()
     finally:
         if agg is not None:
             agg.close()
+    if stop.requested:  # a second signal waits until the file is in place
+        with stop.hold():
+            save()
+            if checkpoint is not None:
+                checkpoint.wait()
+        print(f"stopped at step {step} by signal {stop.signal}"
+              + (f"; resume with --resume {args.checkpoint}" if checkpoint else ""), flush=True)
+        return 128 + stop.signal
     if step < total_steps:  # --stop-after
         save()
         print(f"stopped after step {step}"
               + (f"; resume with --resume {args.checkpoint}" if checkpoint else ""))
+    if checkpoint is not None:
+        checkpoint.wait()  # the last file is in place (or its failure raised here)
     return 0
 
 

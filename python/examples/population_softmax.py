@@ -21,7 +21,6 @@ import argparse
 import gzip
 import math
 import os
-import signal
 import sys
 import time
 
@@ -104,45 +103,6 @@ def accuracy(model, x, y):
         return model(x).argmax(1).eq(y).to(torch.float64).mean().item()
 
 
-class StopSignals:
-    """SIGINT, SIGTERM and SIGHUP ask the run to stop after its current generation
-    (exit_status.h's installStopSignals): a second one within a second is the same
-    request delivered twice and is ignored; a later one kills, except while a
-    checkpoint is written (hold()), when it takes effect once the file is in place."""
-
-    def __init__(self):
-        self.signal, self.first, self.holding, self.held = 0, 0.0, False, 0
-        signal.signal(signal.SIGTERM, self.handle)
-        signal.signal(signal.SIGHUP, self.handle)
-        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # a background job's stays
-            signal.signal(signal.SIGINT, self.handle)
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a size limit is a write error
-
-    def handle(self, signum, _frame):
-        if self.signal == 0:
-            self.signal, self.first = signum, time.monotonic()
-        elif time.monotonic() - self.first < 1.0:
-            pass
-        elif self.holding:
-            self.held = signum
-        else:
-            self.kill(signum)
-
-    @staticmethod
-    def kill(signum):
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-
-    def hold(self, fn):
-        self.holding = True
-        try:
-            fn()
-        finally:
-            self.holding = False
-            if self.held:
-                self.kill(self.held)
-
-
 def shortest(value):
     """A double as fmt's {} writes it (shortest round trip, no trailing .0)."""
     text = repr(value)
@@ -200,8 +160,13 @@ def run():
     args = parse_args()
     # Checked now, not when the first checkpoint is due.
     checkpoint = gradagg.Checkpoint(args.checkpoint) if args.checkpoint else None
-    stop = StopSignals()
+    # SIGINT, SIGTERM and SIGHUP: stop after the current generation (exit_status.h's
+    # installStopSignals, the C++ gradagg::StopSignals itself).
+    with gradagg.StopSignals() as stop:
+        return train(args, checkpoint, stop)
 
+
+def train(args, checkpoint, stop):
     try:
         all_x, all_y = load(args.data, "train")
         test_x, test_y = load(args.data, "t10k")
@@ -247,7 +212,8 @@ def run():
 
         # A second Ctrl-C while a checkpoint is written waits until the file is in place.
         def save():
-            stop.hold(lambda: population.checkpoint(checkpoint.path))
+            with stop.hold():
+                population.checkpoint(checkpoint.path)
 
         # A resumed population goes on from its members' step.
         saved_at = done = first_step = population.snapshot(0).step
@@ -262,7 +228,7 @@ def run():
                     and done + interval < steps):
                 save()
                 saved_at = done + interval
-            if stop.signal != 0:
+            if stop.requested:
                 if checkpoint is not None:
                     save()
                 where = f"; resume with --resume {checkpoint.path}" if checkpoint else ""

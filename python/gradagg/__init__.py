@@ -19,7 +19,10 @@ result lands in your parameters' ``.grad``; then you call ``optimizer.step()``::
 
 Errors are the classes of :mod:`gradagg.errors`, also exported here. Each
 worker's part of every global batch of a dataset: :mod:`gradagg.data`
-(``gradagg.data.ShardedBatches``).
+(``gradagg.data.ShardedBatches``), whose ``steps(epoch)`` gives the
+:class:`BatchPosition` of each step for ``agg.step(position)``. A run that stops
+and resumes: :class:`Checkpoint` (saved off the training thread) and
+:class:`StopSignals` (Ctrl-C, SIGTERM and SIGHUP as a request to stop after the step).
 """
 
 from gradagg.errors import (Error, InternalError, InvalidArgument, NodeFailed,  # noqa: F401
@@ -27,10 +30,11 @@ from gradagg.errors import (Error, InternalError, InvalidArgument, NodeFailed,  
                             WorkerFailed)
 from gradagg._core import (NodeOptions, Options, ShardContext, StepReport,  # noqa: F401
                            WorkerReport, _Aggregator, __version__, BlasInfo, blas_info,
-                           set_blas_threads)
+                           set_blas_threads, BatchPosition, worker_seed)
 from gradagg.errors import CheckpointError, FileError  # noqa: F401
 from gradagg.checkpoint import Checkpoint, TrainingState  # noqa: F401
 from gradagg import data  # noqa: F401  (gradagg.data.ShardedBatches)
+from gradagg.stop_signals import StopSignals  # noqa: F401
 from gradagg.population import (CopyEvent, DecisionRng, MemberContext,  # noqa: F401
                                 MemberSnapshot, Policy, PolicyInput, Population)
 
@@ -40,7 +44,8 @@ __all__ = [
     "NonFiniteGradient", "WorkerDied", "StepTimeout", "NodeFailed",
     "Checkpoint", "TrainingState", "FileError", "CheckpointError", "data",
     "Population", "Policy", "PolicyInput", "DecisionRng", "MemberContext", "CopyEvent",
-    "MemberSnapshot", "BlasInfo", "blas_info", "set_blas_threads",
+    "MemberSnapshot", "BlasInfo", "blas_info", "set_blas_threads", "BatchPosition",
+    "worker_seed", "StopSignals",
 ]
 
 
@@ -70,6 +75,17 @@ class Aggregator(_Aggregator):
     exception it raises reaches the parent as :class:`WorkerFailed` with the
     rank and the traceback text; the aggregator stays usable.
 
+    ``step()`` runs one step; ``step(position)`` runs it at a :class:`BatchPosition`
+    of the data (``ShardedBatches.steps(epoch)``), which the shard functions read as
+    ``ctx.position`` (``ShardedBatches.batch(ctx)`` reads that batch, whatever the
+    steps before: leaving an epoch early does not shift the next one);
+    ``step(message)`` or ``step(position, message)`` passes a dict the shard
+    functions read as ``ctx.message``. ``.position`` is where the data go on (the
+    position after the last ``step(position)``, a resumed checkpoint's, else
+    (0, 0)): save it with the step. A position before it is an InvalidArgument.
+    When every worker's gradient of a step was the same, bit for bit (they all
+    read the same batch), gradagg prints a warning to stderr once.
+
     Keyword options (``gradagg::Options`` in C++):
       workers: worker processes (default 2).
       weighting: "samples" (w_i = n_i / sum n, the full-batch mean) or "equal" (1/N, as DDP).
@@ -94,12 +110,21 @@ class Aggregator(_Aggregator):
       accumulation_steps: each step every worker runs shard() this many times
         (ctx.micro_step = 0..k-1) and the gradients add up before the one reduction:
         .grad is the mean gradient over all those micro-batches (DDP's no_sync()).
-      seed_workers, seed: each worker seeds torch's generator from (seed, rank, step).
+      seed_workers: each worker seeds torch's generator before its shard function
+        with ``worker_seed(seed, rank, step)`` (True): dropout differs between the
+        workers and a redone or resumed step draws the same numbers.
+      seed: the run's seed; None (the default): ``torch.initial_seed()`` when the
+        aggregator is made, so ``torch.manual_seed(args.seed)`` changes the
+        workers' dropout as it does in one process (and a checkpoint's load,
+        which restores torch's generator, gives the saved run's seed back).
       check_parameter_list: compare model.parameters() with the list at
         construction each step (True).
       start_step: the global step of the first step() (ctx.step, the workers'
-        seeds, StepReport.step); a resumed run gives the checkpoint's step, so it
-        is bit for bit the run that was never stopped (0).
+        seeds, StepReport.step) (0). After ``Checkpoint.load()`` into the model it
+        is the checkpoint's step (and ``.position`` its position) without it,
+        so the resumed run is bit for bit the run that was never stopped;
+        another value than the checkpoint's is an InvalidArgument. A load into
+        the model of a live aggregator moves it there before its next step.
       message_bytes: room for the message of a step, ``step(message)`` (64 KiB).
       nodes: a :class:`NodeOptions` for several machines (default one node).
 
@@ -111,7 +136,7 @@ class Aggregator(_Aggregator):
                  threads_per_worker=0, parent_threads=1, keep_worker_memory=True,
                  keep_parent_memory=True, step_timeout=300.0, shutdown_timeout=2.0,
                  non_finite="raise", max_consecutive_skips=10,
-                 max_restarts=0, accumulation_steps=1, seed_workers=True, seed=0,
+                 max_restarts=0, accumulation_steps=1, seed_workers=True, seed=None,
                  check_parameter_list=True, start_step=0, message_bytes=65536, nodes=None):
         given = locals()
         options = Options()
@@ -135,4 +160,6 @@ class Aggregator(_Aggregator):
 
     def __repr__(self):
         state = "usable" if self.usable else "closed"
-        return f"gradagg.Aggregator(workers={self.workers}, steps_done={self.steps_done}, {state})"
+        at = self.position
+        return (f"gradagg.Aggregator(workers={self.workers}, steps_done={self.steps_done}, "
+                f"position=({at.epoch}, {at.index}), {state})")

@@ -1,27 +1,43 @@
 """gradagg.Checkpoint: a training's state in one file, for Python.
 
 The file is the C++ ``gradagg::Checkpoint``'s envelope (checkpoint/durable_file.h,
-bound by the _core extension): written to ``<path>.tmp-<pid>``, fsync'ed, renamed
-over ``<path>``, the directory fsync'ed; read back only after its length and
-CRC-64 are checked, before ``torch.load`` parses a byte. Inside it is what
+bound by the _core extension): written to ``<path>.tmp-<pid>.<n>``, fsync'ed,
+renamed over ``<path>``, the directory fsync'ed; read back only after its length
+and CRC-64 are checked, before ``torch.load`` parses a byte. Inside it is what
 ``torch.save`` makes of one dict: the model's state_dict, the optimizer's and the
-scheduler's, the step, torch's and Python's random states, your ``user`` values
-and the ``settings`` a resume must share. ``load()`` checks that everything fits
-before it changes anything. Every failure is a :class:`CheckpointError` naming
-the file (its ``path``).
+scheduler's, the step and the data's position, torch's and Python's random
+states, your ``user`` values and the ``settings`` a resume must share.
+
+``save()`` returns once that content is serialised in memory; the C++
+Checkpoint's writer thread writes the file while training goes on. One write at
+a time: a save waits for the one before it; ``wait()`` waits for the last. A
+failed write (a full disk, a file-size limit, an I/O error) leaves the file as
+it was and is raised by the next ``save()``, ``wait()`` or ``load()``. Call
+``wait()`` where the file must be in place (before the program exits with a
+stop checkpoint, before copying the file); ``load()``, ``identity()`` and
+``exists()`` wait for it themselves, and so does the interpreter's exit.
+
+``load()`` checks that everything fits before it changes anything, then tells
+the model's Aggregator (made before or after) that the run goes on from the
+checkpoint's step and position: no ``start_step=`` to give. Every failure is a
+:class:`CheckpointError` naming the file (its ``path``).
 
 The content is a pickle: ``torch.load`` runs what it names. The CRC catches
 damage, not intent, so load only checkpoints you (or your run) wrote.
 """
+import atexit
 import dataclasses
 import io
 import operator
 import os
 import random
+import sys
+import weakref
 
 import torch
 
-from gradagg._core import _check_writable, _CheckpointLock, _read_verified, _write_durably
+from gradagg._core import (BatchPosition, _check_writable, _CheckpointLock, _CheckpointWriter,
+                           _note_resumed, _read_verified)
 from gradagg.errors import CheckpointError, InvalidArgument
 
 _FORMAT = "gradagg Python checkpoint v1"
@@ -31,10 +47,16 @@ _FORMAT = "gradagg Python checkpoint v1"
 class TrainingState:
     """What :meth:`Checkpoint.load` returns: where the run was and what it was started with."""
 
-    step: int = 0  #: optimizer steps done in all (give it to Aggregator(start_step=...))
+    step: int = 0  #: optimizer steps done in all (the model's Aggregator goes on from it)
     user: dict = dataclasses.field(default_factory=dict)  #: the ``user`` values given to save()
     settings: dict = dataclasses.field(default_factory=dict)  #: the saved settings
     identity: str = ""  #: the file's identity() (NodeOptions.resume_identity)
+    #: The data's next batch (``Aggregator.position`` when saved): go on with
+    #: ``data.steps(epoch, state.position)`` for ``epoch`` from ``state.position.epoch``. One
+    #: saved at an epoch's last step is (epoch, steps_per_epoch): that epoch has no step left
+    #: and the loop runs what followed it (its scheduler step) first. (0, 0) for a file saved
+    #: without one. (Last, so that the fields before keep their places.)
+    position: BatchPosition = dataclasses.field(default_factory=BatchPosition)
 
 
 def _identity(crc, length):
@@ -52,6 +74,33 @@ def _describe(value):
     if isinstance(value, torch.Tensor):
         return f"[{', '.join(str(s) for s in value.shape)}] {value.dtype}"
     return repr(value)
+
+
+# Every Checkpoint with a write that may be in flight: the interpreter's exit waits for them
+# (a forked worker leaves with _exit and never does).
+_writing = weakref.WeakSet()
+
+
+@atexit.register
+def _wait_for_writes():
+    for ckpt in list(_writing):
+        try:
+            ckpt.wait()
+        except CheckpointError as e:
+            print(f"{e} (nobody called Checkpoint.wait() to collect it)", file=sys.stderr)
+
+
+def _own(value):
+    """A tensor whose storage is its own: a view of a larger storage is copied (torch.save
+    writes a view's whole storage), any other is serialised as it is (before save() returns:
+    training never changes it under the writer)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    value = value.detach()
+    if (value.storage_offset() != 0 or not value.is_contiguous()
+            or value.storage().nbytes() != value.numel() * value.element_size()):
+        return value.clone()
+    return value
 
 
 def _same(a, b):
@@ -72,6 +121,9 @@ class Checkpoint:
     :class:`CheckpointError` naming it (two objects of one path in one process
     share the lock; a forked child holds none); with ``read_only=True`` only ``load()``,
     ``exists()`` and ``identity()`` are allowed.
+
+    ``save()`` hands the file to a writer thread and returns; ``wait()`` waits for it and
+    raises its failure (see the module's docstring).
     """
 
     def __init__(self, path, *, read_only=False):
@@ -82,6 +134,9 @@ class Checkpoint:
                 f"path: expected a str or os.PathLike, got {type(path).__name__}") from None
         self._read_only = bool(read_only)
         self._lock = None
+        self._real_path = os.path.realpath(self._path)
+        self._writer = _CheckpointWriter()
+        self._failure = None  # a failed write that identity() or exists() waited for
         if not self._read_only:
             _check_writable(self._path)
             # Two runs never write one path: the other live one is named (C++ CheckpointLock).
@@ -97,36 +152,50 @@ class Checkpoint:
         return self._read_only
 
     def exists(self):
-        """Whether there is a file at path (not whether it is intact: load() checks that)."""
+        """Whether there is a file at path (not whether it is intact: load() checks that),
+        once the writes in flight to it are done."""
+        self._settle_path()
         return os.path.exists(self._path)
 
     def identity(self):
         """The file's content CRC-64 and length in hex, as C++'s identity() ("" when there is no
-        file); verifies the file as load() does."""
+        file), once the writes in flight to it are done; verifies the file as load() does."""
         if not self.exists():
             return ""
         payload, crc = _read_verified(self._path)
         return _identity(crc, len(payload))
 
-    def save(self, model, optimizer=None, *, step, scheduler=None, user=None, settings=None):
-        """Writes ``model``'s state_dict, ``optimizer``'s and ``scheduler``'s (when given), the
-        ``step`` (optimizer steps done in all), torch's default CPU generator and Python's
-        ``random`` state, ``user`` (a dict of your own values: epoch sums, a data cursor...) and
+    def save(self, model, optimizer=None, *, step, position=None, scheduler=None, user=None,
+             settings=None):
+        """Saves ``model``'s state_dict, ``optimizer``'s and ``scheduler``'s (when given), the
+        ``step`` (optimizer steps done in all), the ``position`` of the data's next batch (a
+        BatchPosition: ``agg.position``; None: (0, 0)), torch's default CPU generator and
+        Python's ``random`` state, ``user`` (a dict of your own values: epoch sums...) and
         ``settings`` (a dict of what a resume must share: seed, batch, data...).
 
-        The file is replaced whole or not at all: on any failure (a full disk, a file-size
-        limit, an I/O error) it keeps its previous content and CheckpointError names it.
+        It returns once the content is serialised in memory (training may change the model
+        right after); a writer thread writes the file. First it waits for the previous save's
+        write and raises its failure, if any. The file is replaced whole or not at all: on
+        any failure (a full disk, a file-size limit, an I/O error) it keeps its previous
+        content and CheckpointError names it, raised by the next save(), wait() or load().
         """
         if self._read_only:
             self._fail("was opened read-only (read_only=True): save() is not allowed")
         step = self._step(step)
+        if position is None:
+            position = BatchPosition()
+        elif not isinstance(position, BatchPosition):
+            raise InvalidArgument(
+                f"position: expected a gradagg.BatchPosition or None, got "
+                f"{type(position).__name__}")
         self._check_model_type(model)
+        self._collect()
         content = {
             "format": _FORMAT,
             "step": step,
-            # Copies: the Aggregator's parameters are views into its shared memory.
-            "model": {k: v.detach().clone() if isinstance(v, torch.Tensor) else v
-                      for k, v in model.state_dict().items()},
+            "epoch": position.epoch,
+            "index": position.index,
+            "model": {k: _own(v) for k, v in model.state_dict().items()},
             "optimizer": None if optimizer is None else {
                 "type": _type_name(optimizer), "state": optimizer.state_dict()},
             "scheduler": None if scheduler is None else {
@@ -141,7 +210,12 @@ class Checkpoint:
             torch.save(content, buffer)
         except Exception as e:
             self._fail(f"serialising failed: {type(e).__name__}: {e}", e)
-        _write_durably(self._path, buffer.getvalue())
+        self._writer.start(self._path, buffer.getvalue(), step)
+        _writing.add(self)
+
+    def wait(self):
+        """Waits until the last save's file is in place; raises its CheckpointError (once)."""
+        self._collect()
 
     def load(self, model, optimizer=None, *, scheduler=None, settings=None):
         """Verifies the file and loads it into ``model``, ``optimizer`` and ``scheduler`` (None:
@@ -153,8 +227,16 @@ class Checkpoint:
         be in the file with its shape and dtype, the optimizer and scheduler of the saved types
         and parameter groups; else CheckpointError names the first that differs and both
         values, and nothing is changed.
+
+        It waits for the writes in flight to the file first (raising this object's failure,
+        if its last write failed: the file is then the one before it). Then an
+        Aggregator of ``model``, made before or after, goes on from the checkpoint's step and
+        ``position`` (``TrainingState.position``): ``start_step`` need not be given, and
+        another than the checkpoint's is an InvalidArgument.
         """
         self._check_model_type(model)
+        self._settle_path()
+        self._collect()
         payload, crc = _read_verified(self._path)  # a missing, truncated or corrupt file
         content = self._parse(payload)
         self._check_settings(content["settings"], dict(settings or {}))
@@ -171,9 +253,18 @@ class Checkpoint:
             random.setstate(content["python_rng"])
         except Exception as e:
             self._fail(f"loading failed: {type(e).__name__}: {e}", e)
-        return TrainingState(step=content["step"], user=content["user"],
+        position = BatchPosition(content.get("epoch", 0), content.get("index", 0))
+        _note_resumed(model, content["step"], position.epoch, position.index, self._path)
+        return TrainingState(step=content["step"], position=position, user=content["user"],
                              settings=content["settings"],
                              identity=_identity(crc, len(payload)))
+
+    def __del__(self):
+        # A failure that exists() or identity() waited for and nobody collected (the writer
+        # prints its own uncollected one when it goes).
+        failure = getattr(self, "_failure", None)
+        if failure is not None:
+            print(f"{failure} (nobody called Checkpoint.wait() to collect it)", file=sys.stderr)
 
     def __repr__(self):
         return f"gradagg.Checkpoint({self._path!r}{', read_only=True' if self._read_only else ''})"
@@ -257,6 +348,28 @@ class Checkpoint:
                        f"{_type_name(scheduler)}")
 
     # -- helpers ------------------------------------------------------------------------------
+
+    def _settle(self):
+        """Waits for the write in flight; keeps its failure for the next save, wait or load."""
+        if self._failure is None:
+            try:
+                self._writer.wait()
+            except CheckpointError as e:
+                self._failure = e
+
+    def _settle_path(self):
+        """Waits for every write in flight to this file in this process (another Checkpoint
+        object of the same path too)."""
+        for ckpt in list(_writing):
+            if ckpt is self or ckpt._real_path == self._real_path:
+                ckpt._settle()
+
+    def _collect(self):
+        """Waits for the write in flight and raises its failure (or one _settle kept)."""
+        self._settle()
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
 
     def _fail(self, what, cause=None):
         raise CheckpointError(f"gradagg: checkpoint {self._path}: {what}", self._path) from cause

@@ -1,7 +1,9 @@
 // gradagg.Checkpoint's file handling is the C++ Checkpoint's, not a copy of it:
 // the temporary file, fsync, rename, directory fsync and the CRC-64 checked
-// before anything is parsed (checkpoint/durable_file.cpp). Python only makes
-// the payload (torch.save) and reads it back (torch.load).
+// before anything is parsed (checkpoint/durable_file.cpp), the writer thread
+// that does it while training goes on (checkpoint/checkpoint_writer.h), and the
+// note a load leaves for the model's Aggregator (model/resumed.h). Python only
+// makes the payload (torch.save) and reads it back (torch.load).
 #include "durable.h"
 
 #include <cstdint>
@@ -10,7 +12,10 @@
 
 #include <gradagg/checkpoint.h>
 
+#include "checkpoint/checkpoint_writer.h"
 #include "checkpoint/durable_file.h"
+#include "model/resumed.h"
+#include "model_view.h"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -63,6 +68,40 @@ void bindDurable(py::module_& m) {
            }),
            "checkpoint_path"_a)
       .def_static("lock_path_of", &CheckpointLock::lockPathOf, "checkpoint_path"_a);
+  // One write at a time, on a thread of its own; every wait without the GIL.
+  py::class_<detail::CheckpointWriter>(m, "_CheckpointWriter",
+                                       "The C++ Checkpoint's writer thread: start() waits for "
+                                       "the previous write (raising its CheckpointError), then "
+                                       "writes the payload durably while Python goes on.")
+      .def(py::init<>())
+      .def(
+          "start",
+          [](detail::CheckpointWriter& w, const std::string& path, const py::bytes& payload,
+             std::int64_t step) {
+            std::string bytes = payload;  // copied while the GIL is held
+            py::gil_scoped_release nogil;
+            w.start(path, std::move(bytes), step);
+          },
+          "path"_a, "payload"_a, "step"_a)
+      .def(
+          "wait",
+          [](detail::CheckpointWriter& w) {
+            py::gil_scoped_release nogil;
+            w.wait();
+          },
+          "Waits for the last write; raises its CheckpointError (once).")
+      .def("pending", &detail::CheckpointWriter::pending,
+           "Whether a write is in flight or its failure waits to be collected.");
+  m.def(
+      "_note_resumed",
+      [](const py::object& model, std::int64_t step, std::int64_t epoch, std::int64_t index,
+         std::string path) {
+        detail::noteResumed(viewOfPython(model),
+                            detail::Resumed{step, BatchPosition{epoch, index}, std::move(path)});
+      },
+      "model"_a, "step"_a, "epoch"_a, "index"_a, "path"_a,
+      "Tells model's Aggregator (made now or later) that the model holds checkpoint path's "
+      "step and data position: it goes on from there (start_step 0, or that step).");
 }
 
 }  // namespace gradagg::python

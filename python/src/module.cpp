@@ -5,6 +5,7 @@
 // strings for the enums: options.cpp). gradagg/__init__.py adds keyword
 // arguments and the context manager on top.
 #include <mutex>
+#include <optional>
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -20,6 +21,7 @@
 #include "durable.h"
 #include "errors.h"
 #include "host.h"
+#include "loop.h"
 #include "model_view.h"
 #include "options.h"
 #include "population.h"
@@ -50,7 +52,7 @@ class PyAggregator {
 
   // A copy: the next step reuses the report. The lock is taken without the GIL,
   // so a second Python thread calling step() or close() waits for this one.
-  StepReport step(const py::object& message) {
+  StepReport step(const std::optional<BatchPosition>& position, const py::object& message) {
     Aggregator& a = agg();
     Message m;
     if (!message.is_none()) {
@@ -61,7 +63,7 @@ class PyAggregator {
     }
     return withoutGil([&] {
       std::lock_guard<std::mutex> lock(mutex_);
-      return a.step(m);
+      return position ? a.step(*position, m) : a.step(m);
     });
   }
   void close() {
@@ -93,13 +95,22 @@ void bindShardContext(py::module_& m) {
       .def_readonly("micro_step", &ShardContext::micro_step)
       .def_readonly("micro_steps", &ShardContext::micro_steps)
       .def_property_readonly(
+          "position", [](const ShardContext& c) { return c.position; },
+          "The parent's step(position): a BatchPosition (ShardedBatches.batch reads that "
+          "batch); None for a step without one.")
+      .def_property_readonly(
           "message", [](const ShardContext& c) { return messageDict(c.message); },
           "The parent's step(message): a dict of read-only tensors and numbers, valid "
           "during this call ({} without one).")
       .def("__repr__", [](const ShardContext& c) {
-        return fmt::format("ShardContext(rank={}, workers={}, step={}, micro_step={})", c.rank,
-                           c.workers, c.step, c.micro_step);
+        return fmt::format("ShardContext(rank={}, workers={}, step={}, micro_step={}{})", c.rank,
+                           c.workers, c.step, c.micro_step,
+                           c.position ? fmt::format(", position=({}, {})", c.position->epoch,
+                                                    c.position->index)
+                                      : "");
       });
+  m.def("_in_shard_function", &inShardFunction,
+        "Whether this thread runs a shard function now (in a gradagg worker).");
 }
 
 void bindReports(py::module_& m) {
@@ -148,15 +159,31 @@ void bindReports(py::module_& m) {
 void bindAggregator(py::module_& m) {
   py::class_<PyAggregator>(m, "_Aggregator")
       .def(py::init<const py::object&, py::object, Options>(), "model"_a, "shard"_a, "options"_a)
-      .def("step", &PyAggregator::step, "message"_a = py::none(),
+      // step(position[, message]) first: a dict is not a BatchPosition, so step(message)
+      // falls through to the second, whose `position` keyword is there to name a wrong one.
+      .def("step", &PyAggregator::step, "position"_a, "message"_a = py::none(),
            "Every worker runs the shard function; each parameter's .grad becomes the weighted "
            "mean gradient. Call optimizer.step() after it. On an error nothing changes. "
-           "message: a dict of str -> tensor, int or float the shard functions read as "
-           "ctx.message.")
+           "position: a BatchPosition (ShardedBatches.steps(epoch)) the shard functions read "
+           "as ctx.position; one before .position is an InvalidArgument. message: a dict of "
+           "str -> tensor, int or float the shard functions read as ctx.message.")
+      .def(
+          "step",
+          [](PyAggregator& a, const py::object& message, const py::object& position) {
+            if (!position.is_none())
+              throw InvalidArgument(fmt::format(
+                  "position: expected a gradagg.BatchPosition, got {}", typeName(position)));
+            return a.step(std::nullopt, message);
+          },
+          "message"_a = py::none(), py::kw_only(), "position"_a = py::none())
       .def("close", &PyAggregator::close, "Stops and reaps the workers (idempotent).")
       .def_property_readonly("usable", [](PyAggregator& a) { return a.agg().usable(); })
       .def_property_readonly("workers", [](PyAggregator& a) { return a.agg().workers(); })
       .def_property_readonly("steps_done", [](PyAggregator& a) { return a.agg().stepsDone(); })
+      .def_property_readonly(
+          "position", [](PyAggregator& a) { return a.agg().position(); },
+          "Where the data go on: after step(position), position.next(); after a resume, the "
+          "checkpoint's position; (0, 0) before either. Save it with the step.")
       .def_property_readonly("threads_per_worker",
                              [](PyAggregator& a) { return a.agg().threadsPerWorker(); })
       .def_property_readonly("worker_pids", [](PyAggregator& a) { return a.agg().workerPids(); })
@@ -199,6 +226,7 @@ PYBIND11_MODULE(_core, m) {
   gradagg::python::installHostHooks();
   gradagg::python::registerErrors();
   gradagg::python::bindOptions(m);
+  gradagg::python::bindLoop(m);
   gradagg::python::bindShardContext(m);
   gradagg::python::bindReports(m);
   gradagg::python::bindAggregator(m);

@@ -1,15 +1,17 @@
 // Options and NodeOptions for Python, each bound from one table. A row names a
 // field once: its keyword and attribute (the C++ field's name), its member
 // pointer and how Python sees it: as it is (int, bool, str, dict, NodeOptions),
-// as float seconds (a std::chrono::milliseconds) or as a name of the enum's
-// string table. From a table come the keyword-only constructor, whose defaults
+// as float seconds (a std::chrono::milliseconds), as a name of the enum's
+// string table or as None or an int (an optional unsigned 64-bit number). From a table come the keyword-only constructor, whose defaults
 // are the fields of a default-constructed struct, the read-write attributes and
 // __repr__. A bad value is the InvalidArgument its conversion names, a wrong
 // type pybind11's TypeError; the ranges are Options::validate's.
 #include "options.h"
 
 #include <chrono>
+#include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -89,6 +91,25 @@ struct AsName {
   }
 };
 
+// An optional unsigned 64-bit number (the seed) as None or an int; another
+// int or type is an InvalidArgument naming the field.
+struct AsOptionalUint64 {
+  using Py = py::object;
+  Py toPy(const std::optional<std::uint64_t>& v) const {
+    return v ? py::object(py::int_(*v)) : py::object(py::none());
+  }
+  std::optional<std::uint64_t> fromPy(const py::object& value, const char* name) const {
+    if (value.is_none()) return std::nullopt;
+    if (py::isinstance<py::int_>(value) && !py::isinstance<py::bool_>(value)) {
+      const py::int_ zero(0), top(py::reinterpret_steal<py::object>(
+                                  PyLong_FromUnsignedLongLong(~0ULL)));
+      if (!(value < zero) && !(value > top)) return value.cast<std::uint64_t>();
+    }
+    throw InvalidArgument(fmt::format("{}: expected None or an int in [0, 2**64), got {}", name,
+                                      std::string(py::repr(value))));
+  }
+};
+
 // A secret (the job token): read and written as the string it is, but __repr__
 // shows only whether it is set, so printing the options, or a log or traceback
 // that shows them, does not write the secret out.
@@ -119,7 +140,8 @@ struct Field {
   // What __repr__ shows: repr() of the Python value, or a secret's stand-in.
   std::string shown(const T& o) const {
     if constexpr (std::is_same_v<Conv, AsSecret>) return AsSecret::shown(o.*member);
-    return std::string(py::repr(py::cast(get(o))));
+    else if constexpr (std::is_same_v<Py, py::object>) return std::string(py::repr(get(o)));
+    else return std::string(py::repr(py::cast(get(o))));
   }
 
   // As it is: def_readwrite's, whose NodeOptions is the Options' own (o.nodes.x = v sets it).
@@ -195,7 +217,9 @@ const std::tuple kOptionFields{
     field("max_restarts", &Options::max_restarts),
     field("nodes", &Options::nodes),
     field("seed_workers", &Options::seed_workers),
-    field("seed", &Options::seed),
+    field("seed", &Options::seed, AsOptionalUint64{},
+          "The run's seed; None (the default): torch.initial_seed() when the Aggregator is "
+          "made. Worker r draws with worker_seed(seed, r, step)."),
     field("check_parameter_list", &Options::check_parameter_list),
     field("start_step", &Options::start_step,
           "The global step of the first step() (a resume: the checkpoint's step)."),

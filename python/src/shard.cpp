@@ -146,6 +146,17 @@ py::dict messageDict(const Message& m) {
   return d;
 }
 
+namespace {
+bool g_in_shard = false;  // read and written with the GIL held
+
+struct InShard {
+  InShard() { g_in_shard = true; }
+  ~InShard() { g_in_shard = false; }
+};
+}  // namespace
+
+bool inShardFunction() { return g_in_shard; }
+
 ShardFn shardOfPython(py::object fn) {
   if (!PyCallable_Check(fn.ptr()))
     throw InvalidArgument("shard: expected a callable taking a ShardContext");
@@ -153,6 +164,7 @@ ShardFn shardOfPython(py::object fn) {
   return [f](const ShardContext& ctx) {
     ensureThreadState();
     py::gil_scoped_acquire gil;
+    const InShard in_shard;
     try {
       return toShardResult((*f)(ctx));
     } catch (py::error_already_set& e) {

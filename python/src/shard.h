@@ -21,6 +21,10 @@ std::string describePythonError(pybind11::error_already_set& e);
 // fn(ctx) in a worker, the GIL held; InvalidArgument unless fn is callable.
 ShardFn shardOfPython(pybind11::object fn);
 
+// Whether this thread runs a shard function of shardOfPython's now (in a
+// worker; the GIL held): gradagg.data refuses a DataLoader with processes there.
+bool inShardFunction();
+
 // A step's message from {name: tensor, int or float}; InvalidArgument naming
 // the entry otherwise.
 Message messageOf(const pybind11::dict& d);

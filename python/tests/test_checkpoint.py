@@ -117,6 +117,7 @@ def test_the_file_is_the_cpp_envelope_and_identity_is_its_crc_and_length(tmp_pat
     assert (ckpt.path, ckpt.exists(), ckpt.identity()) == (str(path), False, "")
     model, opt, _ = trained()
     ckpt.save(model, opt, step=3)
+    ckpt.wait()  # the writer thread's file is in place
     raw = path.read_bytes()
     length, crc = struct.unpack("<QQ", raw[16:32])
     assert raw[:16] == MAGIC and length == len(raw) - 32
@@ -356,7 +357,8 @@ opt.zero_grad()
 torch.nn.functional.mse_loss(model(x), y).backward()
 opt.step()
 try:
-    ckpt.save(model, opt, step=2)
+    ckpt.save(model, opt, step=2)  # serialised here, written by the writer thread
+    ckpt.wait()                     # which failed
     sys.exit("the second save did not fail")
 except CheckpointError as e:
     if want not in str(e) or e.path != path or path not in str(e):

@@ -45,6 +45,7 @@ def train(model, opt, sched, ckpt, first, last, keep=None):
             ckpt.save(model, opt, step=step + 1, scheduler=sched, settings=SETTINGS,
                       user={"loss": report.loss})
             if keep and step + 1 in keep:
+                ckpt.wait()  # the writer thread's file is in place
                 shutil.copyfile(ckpt.path, keep[step + 1])
 
 

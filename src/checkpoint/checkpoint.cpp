@@ -4,8 +4,9 @@
 //   names, '\n'-joined), p<i> / b<i> (their tensors), optimizer (an archive),
 //   metadata, settings (length-prefixed key/value text), and since the data
 //   position and schedulers: epoch, batch_index (TrainingState::position; a
-//   file without them reads {0, 0}), scheduler_steps (an LR scheduler's step
-//   count, when one was saved).
+//   file without them reads {0, 0}), learning_rates (each parameter group's,
+//   with the optimizer), scheduler_steps (an LR scheduler's step count, when
+//   one was saved).
 // The payload is made on the caller's thread; the writer thread
 // (checkpoint/checkpoint_writer.h) puts it in place.
 #include <gradagg/checkpoint.h>
@@ -50,6 +51,20 @@ std::map<std::string, std::string> decode(const std::string& s, const std::strin
 // Checkpoint::identity(): the payload's CRC-64 and length, in hex.
 std::string identityOf(std::uint64_t crc, std::size_t bytes) {
   return fmt::format("{:016x}-{:x}", crc, bytes);
+}
+
+// Each parameter group's learning rate: LibTorch 1.13 saves a group's options
+// but its load() keeps the optimizer's own, so a rate a scheduler (or the
+// program) set would come back as the initial one. Empty where an optimizer
+// has no learning rate.
+std::vector<double> learningRates(const torch::optim::Optimizer& optimizer) {
+  std::vector<double> rates;
+  try {
+    for (const auto& group : optimizer.param_groups()) rates.push_back(group.options().get_lr());
+  } catch (const c10::Error&) {
+    rates.clear();
+  }
+  return rates;
 }
 
 // An LR scheduler's state is its step count (the rates live in the optimizer's
@@ -114,6 +129,7 @@ void Checkpoint::save(const ModelView& model, const torch::optim::Optimizer* opt
       torch::serialize::OutputArchive nested;
       optimizer->save(nested);
       archive.write("optimizer", nested);
+      archive.write("learning_rates", c10::IValue(learningRates(*optimizer)));
     }
     archive.write("metadata", c10::IValue(detail::encodeTextMap(state.metadata)));
     archive.write("settings", c10::IValue(detail::encodeTextMap(state.settings)));
@@ -254,6 +270,13 @@ TrainingState Checkpoint::load(const ModelView& model, torch::optim::Optimizer* 
       if (!archive.try_read("optimizer", nested))
         fail(path_, "holds no optimizer state (it was saved without an optimizer)");
       optimizer->load(nested);
+      c10::IValue rates;
+      if (archive.try_read("learning_rates", rates) && rates.isDoubleList()) {
+        const auto list = rates.toDoubleList();
+        auto& groups = optimizer->param_groups();
+        if (list.size() == groups.size())
+          for (std::size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(list[i]);
+      }
     }
   } catch (const c10::Error& e) {
     fail(path_, fmt::format("its optimizer state does not fit this optimizer: {}",

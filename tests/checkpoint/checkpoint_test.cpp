@@ -169,7 +169,8 @@ std::string fullDiskScenario(const std::string& path, bool use_fsize_limit) {
   }
   run.steps(1, 1);
   try {
-    ckpt.save(*run.model, *run.opt, TrainingState{2, {}, {}, {}});
+    ckpt.save(*run.model, *run.opt, TrainingState{2, {}, {}, {}});  // written by its thread
+    ckpt.wait();  // ... whose failure arrives here
     return "the second save did not fail";
   } catch (const CheckpointError& e) {
     const std::string what = e.what();
@@ -189,6 +190,33 @@ std::string fullDiskScenario(const std::string& path, bool use_fsize_limit) {
 TEST_F(CheckpointTest, AFileSizeLimitIsACheckpointErrorAndKeepsThePreviousCheckpoint) {
   const std::string path = dir_.file("run.ckpt");
   EXPECT_EQ(inChild([&] { return fullDiskScenario(path, true); }), "");
+}
+
+// The file is written off the training thread: a failed write is thrown by the
+// next save (which then writes nothing), once, naming the step that failed.
+TEST_F(CheckpointTest, AFailedWriteIsThrownOnceByTheNextSaveNamingItsStep) {
+  const std::string path = dir_.file("run.ckpt");
+  EXPECT_EQ(inChild([&]() -> std::string {
+              Training run;
+              const Checkpoint ckpt(path);
+              ckpt.save(*run.model, *run.opt, TrainingState{1, {}, {}, {}});
+              const std::string good = ckpt.identity();
+              const auto bytes = std::filesystem::file_size(path);
+              const rlimit limit{bytes / 2, bytes / 2};
+              if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) return "setrlimit failed";
+              ckpt.save(*run.model, *run.opt, TrainingState{2, {}, {}, {}});
+              try {
+                ckpt.save(*run.model, *run.opt, TrainingState{3, {}, {}, {}});
+                return "the next save did not throw the failed write";
+              } catch (const CheckpointError& e) {
+                if (std::string(e.what()).find("(saving step 2)") == std::string::npos)
+                  return std::string("unexpected message: ") + e.what();
+              }
+              ckpt.wait();  // said once: nothing more to throw
+              if (ckpt.identity() != good) return "the previous checkpoint changed";
+              return "";
+            }),
+            "");
 }
 
 TEST_F(CheckpointTest, AFullFileSystemIsACheckpointErrorAndKeepsThePreviousCheckpoint) {
