@@ -116,7 +116,6 @@ struct Aggregator::Impl {
     if (!shard) throw InvalidArgument("shard function: expected a callable, got an empty ShardFn");
     for (auto* t : {&options.step_timeout, &options.shutdown_timeout, &options.nodes.timeout})
       *t = saturated(*t);
-    if (!options.seed) options.seed = at::detail::getDefaultCPUGenerator().current_seed();
     if (auto resumed = takeResumed(model)) {
       if (options.start_step != 0 && options.start_step != resumed->step)
         throw InvalidArgument(fmt::format(
@@ -128,6 +127,7 @@ struct Aggregator::Impl {
     }
     const int n = options.workers;
     topology = joinTopology(options, binding);
+    if (!options.seed) options.seed = topology.placement.seed;
     LayoutSizes sizes;
     sizes.workers = static_cast<std::uint32_t>(n);
     sizes.param_count = static_cast<std::uint32_t>(binding.params().size());

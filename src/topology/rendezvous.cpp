@@ -120,8 +120,10 @@ std::map<std::string, std::string> agreementOf(const Options& options) {
   const NodeOptions& o = options.nodes;
   std::map<std::string, std::string> fields;
   fields["start_step"] = std::to_string(options.start_step);
-  // The workers' dropout streams derive from it: one seed for the job.
-  if (options.seed_workers) fields["seed"] = std::to_string(options.seed.value_or(0));
+  // The workers' dropout streams derive from it: one seed for the job, given
+  // alike to every node, or node 0's torch seed where none is given.
+  if (options.seed_workers)
+    fields["seed"] = options.seed ? std::to_string(*options.seed) : "unset (node 0's torch seed)";
   // The step's collectives must have the same shape everywhere.
   fields["compression"] = o.compression == Compression::kBFloat16 ? "bf16" : "none";
   fields["bucket_bytes"] = std::to_string(o.bucket_bytes);
@@ -184,7 +186,11 @@ Placement rendezvous(NodeGroup& group, const Options& options, const ModelBindin
   }
   requireAgreement(group.exchange("agreement", encodeTextMap(agreementOf(options))),
                    group.rank());
-  return placementAmong(group.exchange("host", hostIdentity(options.workers)), group.rank());
+  Placement p =
+      placementAmong(group.exchange("host", hostIdentity(options.workers)), group.rank());
+  p.seed = options.seed ? *options.seed
+                        : std::stoull(group.exchange("seed", std::to_string(parentTorchSeed()))[0]);
+  return p;
 }
 
 void broadcastInitialValues(NodeGroup& group, ModelBinding& binding) {

@@ -1,8 +1,12 @@
 #include "topology/topology.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include "topology/cross_node.h"
 
 namespace gradagg::detail {
+
+std::uint64_t parentTorchSeed() { return at::detail::getDefaultCPUGenerator().current_seed(); }
 
 Topology joinTopology(const Options& options, ModelBinding& binding) {
   Topology t;
@@ -14,6 +18,7 @@ Topology joinTopology(const Options& options, ModelBinding& binding) {
     return t;
   }
   t.placement.global_workers = workers;
+  t.placement.seed = options.seed ? *options.seed : parentTorchSeed();
   t.placement.host_workers = workers;
   t.stage = std::make_unique<LocalStage>();
   return t;

@@ -4,6 +4,7 @@
 // the aggregator includes nothing else from this layer.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include <gradagg/options.h>
@@ -24,7 +25,14 @@ struct Placement {
   int host_workers = 0;
   // Node parents on those cores, this one included.
   int host_nodes = 1;
+  // The workers' seed (gradagg::workerSeed): Options::seed, or where it is
+  // unset the parent's torch seed, across nodes node 0's (the rendezvous
+  // decides it, like the initial parameters).
+  std::uint64_t seed = 0;
 };
+
+// The default CPU generator's current seed: what torch::manual_seed set last.
+std::uint64_t parentTorchSeed();
 
 // Whether a node's parent has a core that none of the processes on these cores
 // needs while it waits: every worker's threads and every node parent fit the

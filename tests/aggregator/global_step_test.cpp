@@ -101,7 +101,7 @@ void train(const std::string& path, int64_t from, int64_t to) {
   for (int64_t s = from; s < to; ++s) {
     agg.step();
     adam.step();
-    checkpoint.save(net, adam, gradagg::TrainingState{s + 1, {}, {{"rows", "48"}}, ""});
+    checkpoint.save(net, adam, gradagg::TrainingState{s + 1, {}, {{"rows", "48"}}, "", {}});
   }
 }
 

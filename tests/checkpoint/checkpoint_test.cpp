@@ -160,7 +160,7 @@ TEST_F(CheckpointTest, LoadingAMissingFileNamesIt) {
 std::string fullDiskScenario(const std::string& path, bool use_fsize_limit) {
   Training run;
   const Checkpoint ckpt(path);
-  ckpt.save(*run.model, *run.opt, TrainingState{1, {}, {}, {}});
+  ckpt.save(*run.model, *run.opt, TrainingState{1, {}, {}, {}, {}});
   const std::string good = ckpt.identity();
   const auto good_bytes = std::filesystem::file_size(path);
   if (use_fsize_limit) {
@@ -169,7 +169,7 @@ std::string fullDiskScenario(const std::string& path, bool use_fsize_limit) {
   }
   run.steps(1, 1);
   try {
-    ckpt.save(*run.model, *run.opt, TrainingState{2, {}, {}, {}});  // written by its thread
+    ckpt.save(*run.model, *run.opt, TrainingState{2, {}, {}, {}, {}});  // written by its thread
     ckpt.wait();  // ... whose failure arrives here
     return "the second save did not fail";
   } catch (const CheckpointError& e) {
@@ -199,14 +199,14 @@ TEST_F(CheckpointTest, AFailedWriteIsThrownOnceByTheNextSaveNamingItsStep) {
   EXPECT_EQ(inChild([&]() -> std::string {
               Training run;
               const Checkpoint ckpt(path);
-              ckpt.save(*run.model, *run.opt, TrainingState{1, {}, {}, {}});
+              ckpt.save(*run.model, *run.opt, TrainingState{1, {}, {}, {}, {}});
               const std::string good = ckpt.identity();
               const auto bytes = std::filesystem::file_size(path);
               const rlimit limit{bytes / 2, bytes / 2};
               if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) return "setrlimit failed";
-              ckpt.save(*run.model, *run.opt, TrainingState{2, {}, {}, {}});
+              ckpt.save(*run.model, *run.opt, TrainingState{2, {}, {}, {}, {}});
               try {
-                ckpt.save(*run.model, *run.opt, TrainingState{3, {}, {}, {}});
+                ckpt.save(*run.model, *run.opt, TrainingState{3, {}, {}, {}, {}});
                 return "the next save did not throw the failed write";
               } catch (const CheckpointError& e) {
                 if (std::string(e.what()).find("(saving step 2)") == std::string::npos)
@@ -224,6 +224,7 @@ TEST_F(CheckpointTest, AFullFileSystemIsACheckpointErrorAndKeepsThePreviousCheck
   Training probe;
   const Checkpoint sizing(dir_.file("size.ckpt"));
   sizing.save(*probe.model, *probe.opt, TrainingState{});
+  sizing.wait();
   const auto bytes = std::filesystem::file_size(dir_.file("size.ckpt"));
   std::filesystem::remove(dir_.file("size.ckpt"));
   const std::string mnt = dir_.file("tmpfs");
@@ -251,7 +252,7 @@ TEST_F(CheckpointTest, BitFlipsAndTruncationsAreCaughtOnLoad) {
   sgd.step();  // momentum buffers: the optimizer has state
   const gradagg::ModelView model{{{"theta", theta}, {"bias", bias}}, {}, {}, {}, {}};
   const std::string path = dir_.file("good.ckpt"), bad = dir_.file("bad.ckpt");
-  Checkpoint(path).save(model, &sgd, TrainingState{1, {{"k", "v"}}, {{"seed", "3"}}, {}});
+  Checkpoint(path).save(model, &sgd, TrainingState{1, {{"k", "v"}}, {{"seed", "3"}}, {}, {}});
   const std::string bytes = readFile(path);
   const Checkpoint corrupt(bad);
   std::vector<std::size_t> bits;
@@ -290,7 +291,7 @@ TEST_F(CheckpointTest, BitFlipsAndTruncationsAreCaughtOnLoad) {
 TEST_F(CheckpointTest, DifferentSettingsAreNamedAndChangeNothing) {
   Training run;
   const Checkpoint ckpt(dir_.file("run.ckpt"));
-  ckpt.save(*run.model, *run.opt, TrainingState{5, {}, {{"seed", "1"}, {"batch", "64"}}, {}});
+  ckpt.save(*run.model, *run.opt, TrainingState{5, {}, {{"seed", "1"}, {"batch", "64"}}, {}, {}});
   Training other;
   {
     torch::NoGradGuard no_grad;
