@@ -423,8 +423,9 @@ class ShardedBatches:
 #
 # In a gradagg worker it reads the wrong data, or fails late: a parent's loader is a forked
 # copy (every worker reads the same batch; its processes are the parent's children, which
-# torch cannot even poll from here: "AssertionError: can only test a child process"), and
-# one made there starts processes that each step's end leaves behind. So while a shard
+# torch cannot poll from here: "AssertionError: can only test a child process" once a batch
+# is late), and one made there reads the whole dataset in every worker, the same batches
+# again, in processes forked from a worker's thread. So while a shard
 # function runs (gradagg._core._in_shard_function(): set by the worker around the call),
 # iterating one is an InvalidArgument that says what to do instead; elsewhere (the parent,
 # an evaluation loop, a DataLoader's own processes) nothing changes. Two hooks, patched

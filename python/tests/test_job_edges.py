@@ -12,6 +12,7 @@ PYTHONPATH = os.pathsep.join(p for p in sys.path if p)
 NODE = """
     import sys, time, torch, gradagg
     rank, store, token, slow = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
+    torch.manual_seed(1)  # the run's seed (the workers' by default): the same on every node
     model = torch.nn.Linear(2, 1)
     def shard(ctx):
         if ctx.step == 1 and slow:

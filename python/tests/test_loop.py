@@ -409,16 +409,19 @@ def test_a_dataloader_with_processes_in_the_shard_function_is_refused_at_once(ma
             assert text in str(e.value), str(e.value)
         # The parent's own loaders are left alone, also while the aggregator lives.
         assert sum(len(x) for x, _, _ in parent_loader) == 16
-        it = iter(DataLoader(d, batch_size=4, num_workers=2))
-        next(it)
+        parent_iterator = iter(DataLoader(d, batch_size=4, num_workers=2))
+        next(parent_iterator)
 
-        def from_the_parent(ctx):  # an iterator made in the parent, advanced in a worker
-            x, y, _ = next(it)
-            return F.mse_loss(model(x), y), len(x)
-    with gradagg.Aggregator(model, from_the_parent, workers=2) as agg:
-        with pytest.raises(gradagg.WorkerFailed, match="num_workers=2"):
-            agg.step()
-    del it
+    def from_the_parent(ctx):  # an iterator made in the parent, advanced in a worker
+        x, y, _ = next(parent_iterator)
+        return F.mse_loss(model(x), y), len(x)
+
+    try:
+        with gradagg.Aggregator(model, from_the_parent, workers=2) as agg:
+            with pytest.raises(gradagg.WorkerFailed, match="num_workers=2"):
+                agg.step()
+    finally:
+        parent_iterator._shutdown_workers()
 
 
 # -- h: StopSignals --------------------------------------------------------------------------

@@ -65,6 +65,7 @@ def test_two_nodes_match_one_process(tmp_path, bucket_bytes):
 DISAGREE = textwrap.dedent("""
     import sys, torch, gradagg
     rank, store, seed = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    torch.manual_seed(0)  # the same torch seed: must_match is what differs
     model = torch.nn.Linear(2, 1)
     nodes = gradagg.NodeOptions(nodes=2, node_rank=rank, store_path=store, timeout=30,
                                 must_match={"seed": seed})

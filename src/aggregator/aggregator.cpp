@@ -116,7 +116,8 @@ struct Aggregator::Impl {
     if (!shard) throw InvalidArgument("shard function: expected a callable, got an empty ShardFn");
     for (auto* t : {&options.step_timeout, &options.shutdown_timeout, &options.nodes.timeout})
       *t = saturated(*t);
-    if (auto resumed = takeResumed(model)) {
+    // The note stays until the Aggregator is made: a refused one changes nothing.
+    if (auto resumed = peekResumed(model)) {
       if (options.start_step != 0 && options.start_step != resumed->step)
         throw InvalidArgument(fmt::format(
             "Options.start_step is {}, but the model was loaded from checkpoint {} at step {}: "
@@ -165,6 +166,7 @@ struct Aggregator::Impl {
     warnIfReferenceBlas();
     startWorkers();
     parent_share = ParentShare(options.parent_threads, options.keep_parent_memory);
+    takeResumed(model);  // taken into start_step and position above
   }
 
   ~Impl() { shutdown(); }
@@ -242,8 +244,8 @@ struct Aggregator::Impl {
     if (at && *at < position)
       throw InvalidArgument(fmt::format(
           "gradagg: step(position) at batch {} of epoch {}, but the data are at batch {} of "
-          "epoch {} already ({}): a batch is trained once; go on with "
-          "ShardedBatches::steps(epoch, aggregator.position())",
+          "epoch {} already ({}): a batch is trained once; go on with the ShardedBatches' "
+          "steps(epoch, ...) from the aggregator's position",
           at->index, at->epoch, position.index, position.epoch,
           steps_done == options.start_step ? "the checkpoint this run resumed from"
                                            : "the steps this run made"));
@@ -452,12 +454,25 @@ const StepReport& Aggregator::step(const BatchPosition& position, const Message&
   return impl_->step(position, message);
 }
 BatchPosition Aggregator::position() const noexcept {
-  return impl_ ? impl_->position : BatchPosition{};
+  if (!impl_) return {};
+  try {
+    if (const auto resumed = peekResumed(impl_->model)) return resumed->position;
+  } catch (...) {
+  }
+  return impl_->position;
 }
 void Aggregator::shutdown() { if (impl_) impl_->shutdown(); }
 bool Aggregator::usable() const noexcept { return impl_ && impl_->channel.usable(); }
 int Aggregator::workers() const noexcept { return impl_ ? impl_->options.workers : 0; }
-std::int64_t Aggregator::stepsDone() const noexcept { return impl_ ? impl_->steps_done : 0; }
+// A checkpoint loaded into the model since the last step counts already.
+std::int64_t Aggregator::stepsDone() const noexcept {
+  if (!impl_) return 0;
+  try {
+    if (const auto resumed = peekResumed(impl_->model)) return resumed->step;
+  } catch (...) {  // a lock that cannot be taken: the last step's count
+  }
+  return impl_->steps_done;
+}
 const Options& Aggregator::options() const noexcept {
   static const Options kMovedFrom;  // a moved-from Aggregator has none of its own
   return impl_ ? impl_->options : kMovedFrom;

@@ -60,6 +60,16 @@ void noteResumed(const ModelView& model, Resumed resumed) {
   g_count.store(static_cast<int>(g_notes->size()), std::memory_order_release);
 }
 
+std::optional<Resumed> peekResumed(const ModelView& model) {
+  if (g_count.load(std::memory_order_acquire) == 0) return std::nullopt;
+  const at::Tensor* key = keyOf(model);
+  if (key == nullptr || !key->defined()) return std::nullopt;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const auto it = find(key->unsafeGetTensorImpl());
+  if (it == g_notes->end() || it->key.expired()) return std::nullopt;
+  return it->resumed;
+}
+
 std::optional<Resumed> takeResumed(const ModelView& model) {
   if (g_count.load(std::memory_order_acquire) == 0) return std::nullopt;
   const at::Tensor* key = keyOf(model);

@@ -27,5 +27,7 @@ struct Resumed {
 void noteResumed(const ModelView& model, Resumed resumed);
 // The note about `model`, removed; nullopt when there is none.
 std::optional<Resumed> takeResumed(const ModelView& model);
+// The same, left in place (an Aggregator takes it once it is made).
+std::optional<Resumed> peekResumed(const ModelView& model);
 
 }  // namespace gradagg::detail
