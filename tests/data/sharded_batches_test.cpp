@@ -21,17 +21,6 @@ using namespace gradagg_test;
 
 using Indices = std::vector<std::size_t>;
 
-// Rows of a tensor pair as a torch::data map-style dataset.
-struct Rows : torch::data::datasets::Dataset<Rows> {
-  Rows(torch::Tensor x, torch::Tensor y) : x(std::move(x)), y(std::move(y)) {}
-  torch::data::Example<> get(std::size_t i) override {
-    const auto row = static_cast<int64_t>(i);
-    return {x[row], y[row]};
-  }
-  torch::optional<std::size_t> size() const override { return static_cast<std::size_t>(x.size(0)); }
-  torch::Tensor x, y;
-};
-
 class ShardedBatchesTest : public GradaggTest {};
 
 ShardedBatchesOptions shuffled(std::uint64_t seed, bool prefetch = false) {

@@ -37,6 +37,17 @@ struct Data {
 };
 Data makeData(ModelKind kind, int64_t batch, torch::Dtype dtype, uint64_t seed = 11);
 
+// Rows of a tensor pair as a torch::data map-style dataset (gradagg::data's tests).
+struct Rows : torch::data::datasets::Dataset<Rows> {
+  Rows(torch::Tensor x, torch::Tensor y) : x(std::move(x)), y(std::move(y)) {}
+  torch::data::Example<> get(std::size_t i) override {
+    const auto row = static_cast<int64_t>(i);
+    return {x[row], y[row]};
+  }
+  torch::optional<std::size_t> size() const override { return static_cast<std::size_t>(x.size(0)); }
+  torch::Tensor x, y;
+};
+
 // Row boundaries of `workers` shards of `batch` rows: equal as far as possible,
 // or deliberately unequal (1, 2, 3, ... parts).
 std::vector<int64_t> shardBounds(int64_t batch, int workers, bool unequal);
