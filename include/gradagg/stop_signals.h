@@ -24,7 +24,8 @@
 //    terminal reaches every process of the job) and is ignored;
 //  - one that comes while a hold() lives (the stop checkpoint being written)
 //    takes effect when it ends.
-// A SIGINT ignored at start (a background job of a shell script) stays ignored.
+// A signal ignored at start stays ignored (SIGINT in a background job of a shell
+// script, SIGHUP under nohup).
 // SIGXFSZ is ignored while it lives, so a file size limit is a write error
 // (a CheckpointError), not a core dump. The handlers are the process's: one
 // StopSignals at a time (a second is an InvalidArgument); the previous handlers

@@ -117,8 +117,8 @@ class Aggregator(_Aggregator):
         aggregator is made, so ``torch.manual_seed(args.seed)`` changes the
         workers' dropout as it does in one process (and a checkpoint's load,
         which restores torch's generator, gives the saved run's seed back).
-        Python starts with a random torch seed: across nodes, seed torch alike
-        on every node (or give seed=), else the rendezvous refuses them.
+        Python starts with a random torch seed: across nodes an unset seed is
+        node 0's (a given one must be the same on every node).
       check_parameter_list: compare model.parameters() with the list at
         construction each step (True).
       start_step: the global step of the first step() (ctx.step, the workers'

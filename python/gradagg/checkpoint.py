@@ -18,8 +18,11 @@ stop checkpoint, before copying the file); ``load()``, ``identity()`` and
 ``exists()`` wait for it themselves, and so does the interpreter's exit.
 
 ``load()`` checks that everything fits before it changes anything, then tells
-the model's Aggregator (made before or after) that the run goes on from the
-checkpoint's step and position: no ``start_step=`` to give. Every failure is a
+the model's Aggregator that the run goes on from the checkpoint's step and
+position: no ``start_step=`` to give (with an optimizer: a resume; weights alone are an initialisation and say
+nothing). An Aggregator made after the load takes the checkpoint's step, position and torch
+seed; one made before takes the step and position at its next step, and refuses (InvalidArgument)
+where its workers' seed is not the checkpoint's or it spans several nodes. Every failure is a
 :class:`CheckpointError` naming the file (its ``path``).
 
 The content is a pickle: ``torch.load`` runs what it names. The CRC catches
@@ -229,10 +232,11 @@ class Checkpoint:
         values, and nothing is changed.
 
         It waits for the writes in flight to the file first (raising this object's failure,
-        if its last write failed: the file is then the one before it). Then an
-        Aggregator of ``model``, made before or after, goes on from the checkpoint's step and
-        ``position`` (``TrainingState.position``): ``start_step`` need not be given, and
-        another than the checkpoint's is an InvalidArgument.
+        if its last write failed: the file is then the one before it). Then, when an
+        ``optimizer`` is loaded too (a resume), the Aggregator of ``model`` goes on from the
+        checkpoint's step and ``position`` (``TrainingState.position``): ``start_step`` need
+        not be given, and another than the checkpoint's is an InvalidArgument. Make the
+        Aggregator after the load (it then takes the checkpoint's torch seed too).
         """
         self._check_model_type(model)
         self._settle_path()
@@ -254,7 +258,8 @@ class Checkpoint:
         except Exception as e:
             self._fail(f"loading failed: {type(e).__name__}: {e}", e)
         position = BatchPosition(content.get("epoch", 0), content.get("index", 0))
-        _note_resumed(model, content["step"], position.epoch, position.index, self._path)
+        if optimizer is not None:  # a resume; weights alone are an initialisation
+            _note_resumed(model, content["step"], position.epoch, position.index, self._path)
         return TrainingState(step=content["step"], position=position, user=content["user"],
                              settings=content["settings"],
                              identity=_identity(crc, len(payload)))

@@ -25,8 +25,8 @@ SIGINT handler does not run meanwhile, so no KeyboardInterrupt lands in the midd
 step or of a save. A second signal within a second is the same request delivered twice
 (timeout(1), Ctrl-C reaching the whole job) and is ignored; a later one kills the process
 (the signal's default action), except while a ``hold()`` lives: then it takes effect when
-the hold ends. A SIGINT ignored at start (a background job of a shell script) stays
-ignored, and SIGXFSZ is ignored while it lives (a file size limit is a CheckpointError).
+the hold ends. A signal ignored at start (SIGINT in a background job of a shell script,
+SIGHUP under nohup) stays ignored, and SIGXFSZ is ignored while it lives (a file size limit is a CheckpointError).
 One at a time, made on the main thread; leaving the ``with`` (or ``close()``) puts the
 previous handlers back.
 """

@@ -68,8 +68,8 @@ void bindBatchPosition(py::module_& m) {
       .def(py::init<>())
       .def(py::init([](std::int64_t epoch, std::int64_t index) { return P{epoch, index}; }),
            "epoch"_a = 0, "index"_a = 0)
-      .def_readwrite("epoch", &P::epoch)
-      .def_readwrite("index", &P::index, "the batch in the epoch, 0..steps_per_epoch - 1")
+      .def_readonly("epoch", &P::epoch)  // read-only: it is hashable, a value
+      .def_readonly("index", &P::index, "the batch in the epoch, 0..steps_per_epoch - 1")
       .def("next", &P::next,
            "The position after this one's batch: (epoch, index + 1), in the same epoch.")
       .def("__eq__", [](const P& a, const P& b) { return a == b; }, py::is_operator())

@@ -98,6 +98,10 @@ struct Aggregator::Impl {
   std::int64_t steps_done = 0;
   BatchPosition position;                 // the data's next batch (Aggregator::position)
   std::optional<BatchPosition> step_at;   // the position of the step being run, if any
+  bool position_from_checkpoint = false;  // `position` is a checkpoint's; no step since
+  bool checkpoint_without_position = false;  // resumed from a step > 0 saved at {0, 0}
+  bool seed_from_torch = false;           // Options::seed was unset: the parent's torch seed
+  int identical_checks = 0;               // steps checked for identical gradients
   // Early buckets were sent when a wait for the workers failed: the other
   // groups saw the step fail, so this one cannot redo it with fresh workers.
   bool peers_saw_failure = false;
@@ -116,6 +120,7 @@ struct Aggregator::Impl {
     if (!shard) throw InvalidArgument("shard function: expected a callable, got an empty ShardFn");
     for (auto* t : {&options.step_timeout, &options.shutdown_timeout, &options.nodes.timeout})
       *t = saturated(*t);
+    seed_from_torch = !options.seed;
     // The note stays until the Aggregator is made: a refused one changes nothing.
     if (auto resumed = peekResumed(model)) {
       if (options.start_step != 0 && options.start_step != resumed->step)
@@ -124,7 +129,7 @@ struct Aggregator::Impl {
             "leave start_step at 0 (the checkpoint's step is taken) or give the checkpoint's",
             options.start_step, resumed->path, resumed->step));
       options.start_step = resumed->step;
-      position = resumed->position;
+      resumeAt(*resumed);
     }
     const int n = options.workers;
     topology = joinTopology(options, binding);
@@ -230,32 +235,74 @@ struct Aggregator::Impl {
           param_list.size(), now.size()));
   }
 
+  void resumeAt(const Resumed& resumed) {
+    position = resumed.position;
+    position_from_checkpoint = true;
+    checkpoint_without_position = resumed.step > 0 && resumed.position == BatchPosition{};
+  }
+
   // A Checkpoint::load into the model since the last step: the run goes on
-  // from the checkpoint's step and position.
+  // from the checkpoint's step and position. Refused (the note stays, nothing
+  // changes) where this Aggregator cannot be that run: its workers' seed came
+  // from another torch seed than the checkpoint's, or other nodes would not
+  // move with it.
+  bool acrossNodes(const Resumed& r) const {
+    return topology.placement.nodes > 1 && (r.step != steps_done || r.position != position);
+  }
+  bool otherSeed(const Resumed& r) const {
+    return seed_from_torch && options.seed_workers && r.seed != *options.seed;
+  }
+  // The load this Aggregator takes at its next step, if any (for stepsDone()).
+  std::optional<Resumed> pendingLoad() const {
+    auto r = peekResumed(model);
+    if (r && (acrossNodes(*r) || otherSeed(*r))) return std::nullopt;
+    return r;
+  }
+
   void takeCheckpointsLoad() {
-    if (auto resumed = takeResumed(model)) {
-      steps_done = resumed->step;
-      position = resumed->position;
-    }
+    const auto resumed = peekResumed(model);
+    if (!resumed) return;
+    if (acrossNodes(*resumed))
+      throw InvalidArgument(fmt::format(
+          "gradagg: checkpoint {} (step {}) was loaded into the model of a running Aggregator "
+          "at step {} across nodes, where every node must move alike: load it before making "
+          "the Aggregator, on every node",
+          resumed->path, resumed->step, steps_done));
+    if (otherSeed(*resumed))
+      throw InvalidArgument(fmt::format(
+          "gradagg: checkpoint {} (step {}) was loaded into the model of a running Aggregator "
+          "whose workers' seed ({}) is not the checkpoint's torch seed ({}): its dropout would "
+          "not be the run's; make the Aggregator after the load, or give Options::seed",
+          resumed->path, resumed->step, *options.seed, resumed->seed));
+    takeResumed(model);
+    steps_done = resumed->step;
+    resumeAt(*resumed);
   }
 
   const StepReport& step(const std::optional<BatchPosition>& at, const Message& m) {
     takeCheckpointsLoad();
+    if (at && (at->epoch < 0 || at->index < 0))
+      throw InvalidArgument(fmt::format(
+          "gradagg: step(position) at batch {} of epoch {}: expected both >= 0", at->index,
+          at->epoch));
     if (at && *at < position)
       throw InvalidArgument(fmt::format(
           "gradagg: step(position) at batch {} of epoch {}, but the data are at batch {} of "
           "epoch {} already ({}): a batch is trained once; go on with the ShardedBatches' "
           "steps(epoch, ...) from the aggregator's position",
           at->index, at->epoch, position.index, position.epoch,
-          steps_done == options.start_step ? "the checkpoint this run resumed from"
-                                           : "the steps this run made"));
-    if (at && (at->epoch < 0 || at->index < 0))
+          position_from_checkpoint ? "the checkpoint this run resumed from"
+                                   : "the steps this run made"));
+    if (at && checkpoint_without_position)
       throw InvalidArgument(fmt::format(
-          "gradagg: step(position) at batch {} of epoch {}: expected both >= 0", at->index,
-          at->epoch));
+          "gradagg: step(position) after a resume from a checkpoint of step {} saved without "
+          "the data's position (TrainingState::position left at batch 0 of epoch 0): which "
+          "batches that run trained is unknown; save the aggregator's position with the step",
+          steps_done));
     step_at = at;
     const StepReport& r = step(m);
     if (at) position = at->next();
+    position_from_checkpoint = false;
     return r;
   }
 
@@ -322,7 +369,11 @@ struct Aggregator::Impl {
     }
     times.reduced = Clock::now();
     LocalOutcome local = slots->collect(any_grad);
-    if (!warned_identical && local.failed < 0 && local.non_finite < 0) warnIfIdentical();
+    if (identical_checks < kIdenticalChecks && !warned_identical && local.failed < 0 &&
+        local.non_finite < 0) {
+      ++identical_checks;
+      warnIfIdentical();
+    }
     std::string metric_error;
     if (!local.totals.failed) metric_error = metrics->collect(local.totals);
     local.totals.failed = local.totals.failed || !metric_error.empty();
@@ -352,7 +403,10 @@ struct Aggregator::Impl {
     return report;
   }
 
-  // Misuse that trains silently: every worker computed on the same batch.
+  // Misuse that trains silently: every worker computed on the same batch. It
+  // shows from the first steps; checked on those only (a gradient with a long
+  // run of zeros would make every step's memcmp long).
+  static constexpr int kIdenticalChecks = 10;
   void warnIfIdentical() {
     if (!slots->identicalGradients()) return;
     warned_identical = true;
@@ -456,7 +510,7 @@ const StepReport& Aggregator::step(const BatchPosition& position, const Message&
 BatchPosition Aggregator::position() const noexcept {
   if (!impl_) return {};
   try {
-    if (const auto resumed = peekResumed(impl_->model)) return resumed->position;
+    if (const auto resumed = impl_->pendingLoad()) return resumed->position;
   } catch (...) {
   }
   return impl_->position;
@@ -468,7 +522,7 @@ int Aggregator::workers() const noexcept { return impl_ ? impl_->options.workers
 std::int64_t Aggregator::stepsDone() const noexcept {
   if (!impl_) return 0;
   try {
-    if (const auto resumed = peekResumed(impl_->model)) return resumed->step;
+    if (const auto resumed = impl_->pendingLoad()) return resumed->step;
   } catch (...) {  // a lock that cannot be taken: the last step's count
   }
   return impl_->steps_done;

@@ -295,7 +295,10 @@ TrainingState Checkpoint::load(const ModelView& model, torch::optim::Optimizer* 
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(saved.rng);
   }
-  detail::noteResumed(model, detail::Resumed{state.step, state.position, path_});
+  // A resume (the optimizer too) tells the model's Aggregator where the run was;
+  // loading weights alone is an initialisation, not a resume.
+  if (optimizer != nullptr)
+    detail::noteResumed(model, detail::Resumed{state.step, state.position, path_});
   return state;
 }
 

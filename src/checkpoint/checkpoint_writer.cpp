@@ -1,6 +1,7 @@
 #include "checkpoint/checkpoint_writer.h"
 
 #include <cstdio>
+#include <system_error>
 #include <utility>
 
 #include <fmt/format.h>
@@ -28,6 +29,18 @@ void CheckpointWriter::joinLocked() {
 void CheckpointWriter::start(const std::string& path, std::string payload, std::int64_t step) {
   std::lock_guard<std::mutex> lock(mutex_);
   joinLocked();
+  try {
+    startLocked(path, std::move(payload), step);
+  } catch (const std::system_error& e) {  // no thread: this save is not written
+    throw CheckpointError(fmt::format("gradagg: checkpoint {}: saving step {} failed: no writer "
+                                      "thread: {}",
+                                      path, step, e.what()),
+                          path);
+  }
+}
+
+void CheckpointWriter::startLocked(const std::string& path, std::string payload,
+                                   std::int64_t step) {
   thread_ = std::thread([this, path, step, payload = std::move(payload)] {
     try {
       writeDurably(path, payload);

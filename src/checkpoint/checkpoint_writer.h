@@ -37,6 +37,7 @@ class CheckpointWriter {
 
  private:
   void joinLocked();  // with mutex_ held
+  void startLocked(const std::string& path, std::string payload, std::int64_t step);
 
   std::mutex mutex_;
   std::thread thread_;

@@ -54,24 +54,31 @@ struct Fd {
   int release() { return std::exchange(fd, -1); }
 };
 
-// SIGXFSZ ignored while we write, so a file-size limit is EFBIG, not a core
-// dump; the previous disposition is restored after.
+// SIGXFSZ blocked in this thread while it writes, so a file-size limit is
+// EFBIG, not a core dump. The kernel sends it to the writing thread; one left
+// pending is taken (sigtimedwait) before the mask is restored. Thread-local: a
+// writer thread and another thread's save, or a StopSignals made or destroyed
+// meanwhile, never race on the process's disposition.
 class FileSizeSignalIgnored {
  public:
   FileSizeSignalIgnored() {
-    struct sigaction ignore {};
-    ignore.sa_handler = SIG_IGN;
-    ::sigemptyset(&ignore.sa_mask);
-    active_ = ::sigaction(SIGXFSZ, &ignore, &previous_) == 0;
+    ::sigemptyset(&set_);
+    ::sigaddset(&set_, SIGXFSZ);
+    active_ = ::pthread_sigmask(SIG_BLOCK, &set_, &previous_) == 0;
   }
   ~FileSizeSignalIgnored() {
-    if (active_) ::sigaction(SIGXFSZ, &previous_, nullptr);
+    if (!active_) return;
+    const struct timespec none {};
+    while (::sigtimedwait(&set_, nullptr, &none) == SIGXFSZ) {
+    }
+    ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
   }
   FileSizeSignalIgnored(const FileSizeSignalIgnored&) = delete;
   FileSizeSignalIgnored& operator=(const FileSizeSignalIgnored&) = delete;
 
  private:
-  struct sigaction previous_ {};
+  sigset_t set_ {};
+  sigset_t previous_ {};
   bool active_ = false;
 };
 

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/intrusive_ptr.h>
 
@@ -17,9 +18,10 @@ namespace {
 
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 
+// A model's identity: its parameters' and buffers' TensorImpls, in order.
 struct Note {
-  WeakImpl key;
-  const c10::TensorImpl* impl;
+  std::vector<WeakImpl> keys;  // held weakly: the addresses stay taken while noted
+  std::vector<const c10::TensorImpl*> impls;
   Resumed resumed;
 };
 
@@ -27,62 +29,73 @@ std::mutex g_mutex;
 std::vector<Note>* g_notes = new std::vector<Note>;  // never destroyed: used until exit
 std::atomic<int> g_count{0};
 
-const at::Tensor* keyOf(const ModelView& model) {
-  if (!model.parameters.empty()) return &model.parameters.front().tensor;
-  if (!model.buffers.empty()) return &model.buffers.front().tensor;
-  return nullptr;
+std::vector<const c10::TensorImpl*> implsOf(const ModelView& model) {
+  std::vector<const c10::TensorImpl*> out;
+  for (const auto* list : {&model.parameters, &model.buffers})
+    for (const NamedTensor& t : *list)
+      if (t.tensor.defined()) out.push_back(t.tensor.unsafeGetTensorImpl());
+  return out;
+}
+
+bool expired(const Note& n) {
+  return std::any_of(n.keys.begin(), n.keys.end(), [](const WeakImpl& k) { return k.expired(); });
 }
 
 // Drops the notes of models that are gone; the caller holds g_mutex.
 void prune() {
   auto& notes = *g_notes;
-  notes.erase(std::remove_if(notes.begin(), notes.end(),
-                             [](const Note& n) { return n.key.expired(); }),
-              notes.end());
+  notes.erase(std::remove_if(notes.begin(), notes.end(), expired), notes.end());
+  g_count.store(static_cast<int>(notes.size()), std::memory_order_release);
 }
 
-std::vector<Note>::iterator find(const c10::TensorImpl* impl) {
+std::vector<Note>::iterator find(const std::vector<const c10::TensorImpl*>& impls) {
   return std::find_if(g_notes->begin(), g_notes->end(),
-                      [&](const Note& n) { return n.impl == impl; });
+                      [&](const Note& n) { return n.impls == impls && !expired(n); });
 }
 
 }  // namespace
 
 void noteResumed(const ModelView& model, Resumed resumed) {
-  const at::Tensor* key = keyOf(model);
-  if (key == nullptr || !key->defined()) return;
+  auto impls = implsOf(model);
+  if (impls.empty()) return;
+  resumed.seed = at::detail::getDefaultCPUGenerator().current_seed();
   std::lock_guard<std::mutex> lock(g_mutex);
   prune();
-  const auto it = find(key->unsafeGetTensorImpl());
-  if (it != g_notes->end()) it->resumed = std::move(resumed);
-  else g_notes->push_back(Note{WeakImpl(key->getIntrusivePtr()), key->unsafeGetTensorImpl(),
-                               std::move(resumed)});
+  const auto it = find(impls);
+  if (it != g_notes->end()) {
+    it->resumed = std::move(resumed);
+    return;
+  }
+  Note note;
+  for (const auto* list : {&model.parameters, &model.buffers})
+    for (const NamedTensor& t : *list)
+      if (t.tensor.defined()) note.keys.emplace_back(t.tensor.getIntrusivePtr());
+  note.impls = std::move(impls);
+  note.resumed = std::move(resumed);
+  g_notes->push_back(std::move(note));
   g_count.store(static_cast<int>(g_notes->size()), std::memory_order_release);
 }
 
 std::optional<Resumed> peekResumed(const ModelView& model) {
   if (g_count.load(std::memory_order_acquire) == 0) return std::nullopt;
-  const at::Tensor* key = keyOf(model);
-  if (key == nullptr || !key->defined()) return std::nullopt;
+  const auto impls = implsOf(model);
   std::lock_guard<std::mutex> lock(g_mutex);
-  const auto it = find(key->unsafeGetTensorImpl());
-  if (it == g_notes->end() || it->key.expired()) return std::nullopt;
+  const auto it = find(impls);
+  if (it == g_notes->end()) return std::nullopt;
   return it->resumed;
 }
 
 std::optional<Resumed> takeResumed(const ModelView& model) {
   if (g_count.load(std::memory_order_acquire) == 0) return std::nullopt;
-  const at::Tensor* key = keyOf(model);
-  if (key == nullptr || !key->defined()) return std::nullopt;
+  const auto impls = implsOf(model);
   std::lock_guard<std::mutex> lock(g_mutex);
-  prune();
   std::optional<Resumed> out;
-  const auto it = find(key->unsafeGetTensorImpl());
+  const auto it = find(impls);
   if (it != g_notes->end()) {
     out = std::move(it->resumed);
     g_notes->erase(it);
   }
-  g_count.store(static_cast<int>(g_notes->size()), std::memory_order_release);
+  prune();
   return out;
 }
 

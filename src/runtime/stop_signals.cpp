@@ -42,7 +42,9 @@ void onStopSignal(int signal) {
     interruptWaits(std::chrono::milliseconds(g_patience_ms.load()));
     return;
   }
-  if (detail::monotonicNowNs() - g_first_ns.load() < kSameRequestNs) return;
+  // 0: the first one is being handled right now on another thread: the same request.
+  const std::int64_t first = g_first_ns.load();
+  if (first == 0 || detail::monotonicNowNs() - first < kSameRequestNs) return;
   if (g_holds.load() > 0) {
     g_held.store(signal);
     return;
@@ -65,15 +67,15 @@ StopSignals::StopSignals(std::chrono::milliseconds patience) {
   g_patience_ms = patience.count();
   struct sigaction action {};
   action.sa_handler = onStopSignal;
+  action.sa_flags = SA_RESTART;  // a write or fsync in progress goes on, no EINTR
   sigemptyset(&action.sa_mask);
   for (int s : kSignals) sigaddset(&action.sa_mask, s);
   for (int i = 0; i < 3; ++i) {
     g_installed_on[i] = false;
     if (::sigaction(kSignals[i], nullptr, &g_previous[i]) != 0) continue;
-    // A SIGINT ignored at start (a background job of a script) stays ignored.
-    if (kSignals[i] == SIGINT && g_previous[i].sa_handler == SIG_IGN &&
-        !(g_previous[i].sa_flags & SA_SIGINFO))
-      continue;
+    // A signal ignored at start stays ignored: SIGINT in a background job of
+    // a script, SIGHUP under nohup.
+    if (g_previous[i].sa_handler == SIG_IGN && !(g_previous[i].sa_flags & SA_SIGINFO)) continue;
     g_installed_on[i] = ::sigaction(kSignals[i], &action, nullptr) == 0;
   }
   struct sigaction ignore {};

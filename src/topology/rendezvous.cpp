@@ -122,8 +122,8 @@ std::map<std::string, std::string> agreementOf(const Options& options) {
   fields["start_step"] = std::to_string(options.start_step);
   // The workers' dropout streams derive from it: one seed for the job, given
   // alike to every node, or node 0's torch seed where none is given.
-  if (options.seed_workers)
-    fields["seed"] = options.seed ? std::to_string(*options.seed) : "unset (node 0's torch seed)";
+  // (Always compared: whether the seed is exchanged below must be the same everywhere.)
+  fields["seed"] = options.seed ? std::to_string(*options.seed) : "unset (node 0's torch seed)";
   // The step's collectives must have the same shape everywhere.
   fields["compression"] = o.compression == Compression::kBFloat16 ? "bf16" : "none";
   fields["bucket_bytes"] = std::to_string(o.bucket_bytes);

@@ -179,6 +179,48 @@ TEST_F(ResumeLoopTest, ALoadIntoTheModelOfALiveAggregatorSetsItsStepAndPosition)
   EXPECT_EQ(agg.position(), (BatchPosition{0, 4}));
 }
 
+TEST_F(ResumeLoopTest, ALoadThatCannotBeTheRunIsRefusedAndWeightsAloneAreNoResume) {
+  LoopRun run;
+  const Checkpoint ckpt(dir_.file("run.ckpt"));
+  TrainingState state;
+  {
+    gradagg::Aggregator agg(*run.net, shardOf(*run.net, run.data), twoWorkers());
+    for (int i = 0; i < 3; ++i) agg.step(run.data.steps(0)[static_cast<std::size_t>(i)]);
+    state.step = agg.stepsDone();
+    state.position = agg.position();
+    ckpt.save(*run.net, *run.opt, state);
+    TrainingState no_position;
+    no_position.step = agg.stepsDone();
+    const Checkpoint bare(dir_.file("bare.ckpt"));
+    bare.save(*run.net, *run.opt, no_position);
+    bare.wait();
+    // Saved without the position: step(position) cannot know what that run trained.
+    LoopRun other;
+    bare.load(*other.net, *other.opt, {});
+    gradagg::Aggregator resumed(*other.net, shardOf(*other.net, other.data), twoWorkers());
+    EXPECT_EQ(resumed.stepsDone(), 3);
+    expectThrows<gradagg::InvalidArgument>([&] { resumed.step(BatchPosition{0, 3}); },
+                                           "saved without the data's position");
+  }
+  {  // Weights alone (no optimizer) initialise; they are not a resume.
+    LoopRun fine_tune;
+    ckpt.load(gradagg::viewOf(*fine_tune.net), nullptr, {});
+    gradagg::Aggregator agg(*fine_tune.net, shardOf(*fine_tune.net, fine_tune.data),
+                            twoWorkers());
+    EXPECT_EQ(agg.stepsDone(), 0);
+    EXPECT_EQ(agg.position(), BatchPosition{});
+  }
+  {  // An Aggregator whose workers' seed is another torch seed than the checkpoint's.
+    LoopRun late;
+    torch::manual_seed(4321);
+    gradagg::Aggregator agg(*late.net, shardOf(*late.net, late.data), twoWorkers());
+    ckpt.load(*late.net, *late.opt, {});  // restores torch's generator: seed 1234
+    expectThrows<gradagg::InvalidArgument>([&] { agg.step(BatchPosition{0, 3}); },
+                                           "make the Aggregator after the load");
+    EXPECT_EQ(agg.stepsDone(), 0) << "the refused load changed nothing";
+  }
+}
+
 TEST_F(ResumeLoopTest, AnEpochLeftEarlyDoesNotShiftTheNextOne) {
   const BatchPosition none{0, 0};
   Batches data(rows(), 8);
