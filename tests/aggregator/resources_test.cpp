@@ -137,13 +137,16 @@ TEST_F(GradaggTest, WorkersKeepTheMemoryAStepFreesForTheNextStep) {
 #endif
 }
 
-// Entries of `dir`, without those a concurrent test's Python DataLoader makes in
-// /dev/shm ("torch_<pid>_..."; gradagg's segments are anonymous and have no name).
+// Entries of `dir`, without those a concurrent test's Python process makes in
+// /dev/shm (a DataLoader's "torch_<pid>_...", multiprocessing's semaphores
+// "sem.*"); gradagg's segments are anonymous and have no name.
 int countEntries(const std::string& dir) {
   int n = 0;
   if (auto* d = opendir(dir.c_str())) {
-    while (auto* e = readdir(d))
-      n += e->d_name[0] != '.' && std::string(e->d_name).rfind("torch_", 0) != 0;
+    while (auto* e = readdir(d)) {
+      const std::string name = e->d_name;
+      n += name[0] != '.' && name.rfind("torch_", 0) != 0 && name.rfind("sem.", 0) != 0;
+    }
     closedir(d);
   }
   return n;
