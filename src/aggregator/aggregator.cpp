@@ -41,11 +41,11 @@
 #include <gradagg/errors.h>
 
 #include "aggregator/apply.h"
+#include "aggregator/run_cursor.h"
 #include "aggregator/step_errors.h"
 #include "aggregator/worker.h"
 #include "runtime/timeouts.h"
 #include "model/model_binding.h"
-#include "model/resumed.h"
 #include "runtime/blas_warning.h"
 #include "runtime/control.h"
 #include "runtime/parent_share.h"
@@ -96,11 +96,8 @@ struct Aggregator::Impl {
   int worker_threads = 1;        // intra-op threads per worker (the topology knows who shares the cores)
 
   std::int64_t steps_done = 0;
-  BatchPosition position;                 // the data's next batch (Aggregator::position)
+  RunCursor cursor;                       // the data's position; checkpoints' loads
   std::optional<BatchPosition> step_at;   // the position of the step being run, if any
-  bool position_from_checkpoint = false;  // `position` is a checkpoint's; no step since
-  bool checkpoint_without_position = false;  // resumed from a step > 0 saved at {0, 0}
-  bool seed_from_torch = false;           // Options::seed was unset: the parent's torch seed
   int identical_checks = 0;               // steps checked for identical gradients
   // Early buckets were sent when a wait for the workers failed: the other
   // groups saw the step fail, so this one cannot redo it with fresh workers.
@@ -120,17 +117,7 @@ struct Aggregator::Impl {
     if (!shard) throw InvalidArgument("shard function: expected a callable, got an empty ShardFn");
     for (auto* t : {&options.step_timeout, &options.shutdown_timeout, &options.nodes.timeout})
       *t = saturated(*t);
-    seed_from_torch = !options.seed;
-    // The note stays until the Aggregator is made: a refused one changes nothing.
-    if (auto resumed = peekResumed(model)) {
-      if (options.start_step != 0 && options.start_step != resumed->step)
-        throw InvalidArgument(fmt::format(
-            "Options.start_step is {}, but the model was loaded from checkpoint {} at step {}: "
-            "leave start_step at 0 (the checkpoint's step is taken) or give the checkpoint's",
-            options.start_step, resumed->path, resumed->step));
-      options.start_step = resumed->step;
-      resumeAt(*resumed);
-    }
+    cursor.start(model, options);  // a checkpoint loaded into the model: its step
     const int n = options.workers;
     topology = joinTopology(options, binding);
     if (!options.seed) options.seed = topology.placement.seed;
@@ -171,7 +158,7 @@ struct Aggregator::Impl {
     warnIfReferenceBlas();
     startWorkers();
     parent_share = ParentShare(options.parent_threads, options.keep_parent_memory);
-    takeResumed(model);  // taken into start_step and position above
+    cursor.started();
   }
 
   ~Impl() { shutdown(); }
@@ -235,74 +222,12 @@ struct Aggregator::Impl {
           param_list.size(), now.size()));
   }
 
-  void resumeAt(const Resumed& resumed) {
-    position = resumed.position;
-    position_from_checkpoint = true;
-    checkpoint_without_position = resumed.step > 0 && resumed.position == BatchPosition{};
-  }
-
-  // A Checkpoint::load into the model since the last step: the run goes on
-  // from the checkpoint's step and position. Refused (the note stays, nothing
-  // changes) where this Aggregator cannot be that run: its workers' seed came
-  // from another torch seed than the checkpoint's, or other nodes would not
-  // move with it.
-  bool acrossNodes(const Resumed& r) const {
-    return topology.placement.nodes > 1 && (r.step != steps_done || r.position != position);
-  }
-  bool otherSeed(const Resumed& r) const {
-    return seed_from_torch && options.seed_workers && r.seed != *options.seed;
-  }
-  // The load this Aggregator takes at its next step, if any (for stepsDone()).
-  std::optional<Resumed> pendingLoad() const {
-    auto r = peekResumed(model);
-    if (r && (acrossNodes(*r) || otherSeed(*r))) return std::nullopt;
-    return r;
-  }
-
-  void takeCheckpointsLoad() {
-    const auto resumed = peekResumed(model);
-    if (!resumed) return;
-    if (acrossNodes(*resumed))
-      throw InvalidArgument(fmt::format(
-          "gradagg: checkpoint {} (step {}) was loaded into the model of a running Aggregator "
-          "at step {} across nodes, where every node must move alike: load it before making "
-          "the Aggregator, on every node",
-          resumed->path, resumed->step, steps_done));
-    if (otherSeed(*resumed))
-      throw InvalidArgument(fmt::format(
-          "gradagg: checkpoint {} (step {}) was loaded into the model of a running Aggregator "
-          "whose workers' seed ({}) is not the checkpoint's torch seed ({}): its dropout would "
-          "not be the run's; make the Aggregator after the load, or give Options::seed",
-          resumed->path, resumed->step, *options.seed, resumed->seed));
-    takeResumed(model);
-    steps_done = resumed->step;
-    resumeAt(*resumed);
-  }
-
   const StepReport& step(const std::optional<BatchPosition>& at, const Message& m) {
-    takeCheckpointsLoad();
-    if (at && (at->epoch < 0 || at->index < 0))
-      throw InvalidArgument(fmt::format(
-          "gradagg: step(position) at batch {} of epoch {}: expected both >= 0", at->index,
-          at->epoch));
-    if (at && *at < position)
-      throw InvalidArgument(fmt::format(
-          "gradagg: step(position) at batch {} of epoch {}, but the data are at batch {} of "
-          "epoch {} already ({}): a batch is trained once; go on with the ShardedBatches' "
-          "steps(epoch, ...) from the aggregator's position",
-          at->index, at->epoch, position.index, position.epoch,
-          position_from_checkpoint ? "the checkpoint this run resumed from"
-                                   : "the steps this run made"));
-    if (at && checkpoint_without_position)
-      throw InvalidArgument(fmt::format(
-          "gradagg: step(position) after a resume from a checkpoint of step {} saved without "
-          "the data's position (TrainingState::position left at batch 0 of epoch 0): which "
-          "batches that run trained is unknown; save the aggregator's position with the step",
-          steps_done));
+    cursor.takeLoad(steps_done, options, topology.placement.nodes);
+    cursor.check(at, steps_done);
     step_at = at;
     const StepReport& r = step(m);
-    if (at) position = at->next();
-    position_from_checkpoint = false;
+    cursor.stepped(at);
     return r;
   }
 
@@ -510,10 +435,12 @@ const StepReport& Aggregator::step(const BatchPosition& position, const Message&
 BatchPosition Aggregator::position() const noexcept {
   if (!impl_) return {};
   try {
-    if (const auto resumed = impl_->pendingLoad()) return resumed->position;
+    if (const auto r = impl_->cursor.pending(impl_->steps_done, impl_->options,
+                                             impl_->topology.placement.nodes))
+      return r->position;
   } catch (...) {
   }
-  return impl_->position;
+  return impl_->cursor.position();
 }
 void Aggregator::shutdown() { if (impl_) impl_->shutdown(); }
 bool Aggregator::usable() const noexcept { return impl_ && impl_->channel.usable(); }
@@ -522,7 +449,9 @@ int Aggregator::workers() const noexcept { return impl_ ? impl_->options.workers
 std::int64_t Aggregator::stepsDone() const noexcept {
   if (!impl_) return 0;
   try {
-    if (const auto resumed = impl_->pendingLoad()) return resumed->step;
+    if (const auto r = impl_->cursor.pending(impl_->steps_done, impl_->options,
+                                             impl_->topology.placement.nodes))
+      return r->step;
   } catch (...) {  // a lock that cannot be taken: the last step's count
   }
   return impl_->steps_done;
