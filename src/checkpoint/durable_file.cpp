@@ -18,6 +18,8 @@
 
 #include <gradagg/checkpoint.h>
 
+#include "runtime/signal_blocked.h"
+
 namespace gradagg::detail {
 
 namespace {
@@ -52,34 +54,6 @@ struct Fd {
     if (fd >= 0) ::close(fd);
   }
   int release() { return std::exchange(fd, -1); }
-};
-
-// SIGXFSZ blocked in this thread while it writes, so a file-size limit is
-// EFBIG, not a core dump. The kernel sends it to the writing thread; one left
-// pending is taken (sigtimedwait) before the mask is restored. Thread-local: a
-// writer thread and another thread's save, or a StopSignals made or destroyed
-// meanwhile, never race on the process's disposition.
-class FileSizeSignalIgnored {
- public:
-  FileSizeSignalIgnored() {
-    ::sigemptyset(&set_);
-    ::sigaddset(&set_, SIGXFSZ);
-    active_ = ::pthread_sigmask(SIG_BLOCK, &set_, &previous_) == 0;
-  }
-  ~FileSizeSignalIgnored() {
-    if (!active_) return;
-    const struct timespec none {};
-    while (::sigtimedwait(&set_, nullptr, &none) == SIGXFSZ) {
-    }
-    ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
-  }
-  FileSizeSignalIgnored(const FileSizeSignalIgnored&) = delete;
-  FileSizeSignalIgnored& operator=(const FileSizeSignalIgnored&) = delete;
-
- private:
-  sigset_t set_ {};
-  sigset_t previous_ {};
-  bool active_ = false;
 };
 
 void writeAll(int fd, const char* data, std::size_t n, const std::string& path,
@@ -170,7 +144,8 @@ void writeDurably(const std::string& path, const std::string& payload) {
   // file over it (the later wins), never one file both wrote into.
   static std::atomic<std::uint64_t> writes{0};
   const std::string tmp = fmt::format("{}.tmp-{}.{}", path, ::getpid(), writes.fetch_add(1));
-  FileSizeSignalIgnored no_sigxfsz;
+  // A file-size limit is EFBIG, not a core dump.
+  SignalBlocked no_sigxfsz(SIGXFSZ);
   Fd f;
   f.fd = ::open(tmp.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
   if (f.fd < 0) fail(path, fmt::format("creating {} failed: {}", tmp, osError(errno)));

@@ -16,6 +16,7 @@
 
 #include "runtime/host_hooks.h"
 #include "runtime/interrupt.h"
+#include "runtime/signal_blocked.h"
 #include "topology/interrupt_watch.h"
 #include "topology/rendezvous_store.h"
 #include "topology/start_up.h"
@@ -43,6 +44,13 @@ std::string message(const std::exception& e) {
 
 NodeGroup::NodeGroup(const NodeOptions& o)
     : impl_(std::make_unique<Impl>()), rank_(o.node_rank), size_(o.nodes), timeout_(o.timeout) {
+  // Gloo writes with writev: a write to a peer that has gone (or to a socket
+  // shut down at a timeout) raises SIGPIPE in the writing thread, and a C++
+  // program's default action is to die without a word. Every thread c10d and
+  // gloo start here (the store's, the group's workers, gloo's event loops)
+  // inherits SIGPIPE blocked, so such a write is EPIPE and NodeFailed;
+  // guarded() does the same for the calling thread's own collectives.
+  const SignalBlocked no_sigpipe(SIGPIPE);
   armHostInterrupt();
   const bool tcp = o.store_path.empty();
   if (tcp) requireResolvable(o);
@@ -97,12 +105,14 @@ NodeGroup::NodeGroup(const NodeOptions& o)
 void NodeGroup::endRendezvous() {
   // Every node lets its store client go before node 0 stops serving: c10d's
   // client does not outlive its server gracefully (store_server.h).
+  const SignalBlocked no_sigpipe(SIGPIPE);  // the client's last words to a store gone
   impl_->base->close();
   allgather(0, "the end of the start-up");
   if (impl_->server) impl_->server->stop();
 }
 
 NodeGroup::~NodeGroup() {
+  const SignalBlocked no_sigpipe(SIGPIPE);  // gloo's pairs close in this thread
   impl_->watch.reset();
   // c10d's group joins its threads when destroyed; one of them may still
   // wait in gloo for an operation given up on: leave it to the process's exit.
@@ -128,6 +138,7 @@ auto NodeGroup::guarded(const char* what, F&& f) -> decltype(f()) {
   std::optional<InterruptWatch::Wait> wait;  // what interruptWaits()' patience counts from
   if (impl_->watch) wait.emplace(*impl_->watch);
   const std::int64_t began = wait ? wait->began() : monotonicNowNs();
+  const SignalBlocked no_sigpipe(SIGPIPE);  // gloo's writes in this thread (the constructor's comment)
   try {
     return f();
   } catch (const std::exception& e) {
