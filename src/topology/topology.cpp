@@ -2,7 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
-#include "topology/cross_node.h"
+#include "topology/stage/cross_node.h"
 
 namespace gradagg::detail {
 

@@ -48,7 +48,7 @@ struct Topology {
 
 // One node (options.nodes.nodes == 1): a LocalStage, this node's workers are
 // all. Several: the rendezvous with the other node parents
-// (topology/rendezvous.h), then a CrossNode stage; call stage->attach() once
+// (topology/stage/rendezvous.h), then a CrossNode stage; call stage->attach() once
 // the snapshot is adopted. Throws InvalidArgument (a model or settings the
 // nodes cannot share) or NodeFailed (the rendezvous did not complete within
 // options.nodes.timeout).

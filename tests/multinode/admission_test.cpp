@@ -18,7 +18,7 @@
 #include <gradagg/options.h>
 
 #include "runtime/temp_dir.h"
-#include "topology/admission.h"
+#include "topology/startup/admission.h"
 
 namespace gradagg_test {
 namespace {

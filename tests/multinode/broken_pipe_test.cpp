@@ -24,7 +24,7 @@
 #include <gradagg/options.h>
 
 #include "runtime/temp_dir.h"
-#include "topology/node_group.h"
+#include "topology/group/node_group.h"
 
 namespace gradagg_test {
 namespace {

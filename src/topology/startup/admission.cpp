@@ -1,4 +1,4 @@
-#include "topology/admission.h"
+#include "topology/startup/admission.h"
 
 #include <sstream>
 #include <vector>
@@ -7,7 +7,7 @@
 
 #include <gradagg/errors.h>
 
-#include "topology/job_token.h"
+#include "topology/startup/job_token.h"
 
 namespace gradagg::detail {
 

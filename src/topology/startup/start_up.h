@@ -1,5 +1,5 @@
 // The start-up of a group of node parents, before NodeGroup takes it over:
-// the store, the admission (topology/admission.h), c10d's group and the
+// the store, the admission (topology/startup/admission.h), c10d's group and the
 // step's own gloo mesh, made in a thread of its own within the deadline.
 #pragma once
 
@@ -12,8 +12,8 @@
 
 #include <gradagg/options.h>
 
-#include "topology/interrupt_watch.h"
-#include "topology/rendezvous_store.h"
+#include "topology/startup/sockets.h"
+#include "topology/startup/rendezvous_store.h"
 
 namespace gradagg::detail {
 

@@ -6,7 +6,7 @@
 #include <gradagg/options.h>
 
 #include "model/model_binding.h"
-#include "topology/node_group.h"
+#include "topology/group/node_group.h"
 #include "topology/topology.h"
 
 namespace gradagg::detail {

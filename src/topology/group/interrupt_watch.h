@@ -15,20 +15,11 @@
 #include <cstdint>
 #include <mutex>
 #include <thread>
-#include <utility>
 #include <vector>
 
-#include <sys/types.h>
+#include "topology/startup/sockets.h"
 
 namespace gradagg::detail {
-
-struct Sockets {
-  std::vector<std::pair<int, ino_t>> open;  // descriptor, inode
-  // This process's sockets now.
-  static Sockets now();
-  // Those in `later` that are not in `earlier`.
-  static Sockets since(const Sockets& earlier, const Sockets& later);
-};
 
 class InterruptWatch {
  public:

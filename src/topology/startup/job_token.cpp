@@ -1,4 +1,4 @@
-#include "topology/job_token.h"
+#include "topology/startup/job_token.h"
 
 #include <sys/random.h>
 

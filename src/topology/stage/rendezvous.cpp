@@ -1,4 +1,4 @@
-#include "topology/rendezvous.h"
+#include "topology/stage/rendezvous.h"
 
 #include <sched.h>
 #include <unistd.h>

@@ -10,7 +10,7 @@
 
 #include <string>
 
-#include "topology/rendezvous_store.h"
+#include "topology/startup/rendezvous_store.h"
 
 namespace gradagg::detail {
 

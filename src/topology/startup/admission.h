@@ -26,7 +26,7 @@
 
 #include <gradagg/options.h>
 
-#include "topology/rendezvous_store.h"
+#include "topology/startup/rendezvous_store.h"
 
 namespace gradagg::detail {
 

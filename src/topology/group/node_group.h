@@ -1,5 +1,6 @@
 // NodeGroup: this node's parent in the group of node parents, on LibTorch's
-// c10d ProcessGroupGloo (Debian libgloo-dev). Only node_group.cpp sees c10d.
+// c10d ProcessGroupGloo (Debian libgloo-dev). c10d and gloo stay in topology/group/
+// and topology/startup/: the stage above (topology/stage/) calls this class only.
 #pragma once
 
 #include <chrono>
@@ -17,7 +18,7 @@ namespace gradagg::detail {
 class NodeGroup {
  public:
   // Rendezvous with the other node parents (TCPStore or FileStore): the
-  // admission (topology/admission.h: this run's nodes, the job token), then
+  // admission (topology/startup/admission.h: this run's nodes, the job token), then
   // c10d's group and the step's gloo mesh. Throws NodeFailed when it does not
   // complete within options.timeout (the deadline of the start-up as a whole,
   // exchange() included, until endRendezvous()), Interrupted on

@@ -28,7 +28,7 @@
 // the same bits either way. With Compression::kBFloat16 float32 runs travel as bf16
 // (each addition in float32, rounded to bf16) and the status in a second,
 // small collective, so it stays exact. Counts travel as two exact parts (hi * 4096 + lo), so a
-// float32 status stays exact up to 2^36 (topology/status_tail.h).
+// float32 status stays exact up to 2^36 (topology/stage/status_tail.h).
 #pragma once
 
 #include <condition_variable>
@@ -48,14 +48,14 @@
 #include "step/buckets.h"
 #include "step/layout.h"
 #include "step/stage.h"
-#include "topology/node_group.h"
+#include "topology/group/node_group.h"
 #include "topology/topology.h"
 
 namespace gradagg::detail {
 
 class CrossNode final : public ReductionStage {
  public:
-  // The rendezvous (topology/rendezvous.h): the same model and the same
+  // The rendezvous (topology/stage/rendezvous.h): the same model and the same
   // start-up agreement on every node (else InvalidArgument on every node),
   // worker counts exchanged; within options.nodes.timeout (else NodeFailed).
   CrossNode(const Options& options, ModelBinding& binding);

@@ -1,4 +1,4 @@
-#include "topology/start_up.h"
+#include "topology/startup/start_up.h"
 
 #include <netdb.h>
 #include <sys/socket.h>
@@ -19,7 +19,7 @@
 
 #include "runtime/host_hooks.h"
 #include "runtime/interrupt.h"
-#include "topology/admission.h"
+#include "topology/startup/admission.h"
 
 namespace gradagg::detail {
 

@@ -1,4 +1,4 @@
-#include "topology/store_server.h"
+#include "topology/startup/store_server.h"
 
 #include <poll.h>
 #include <signal.h>

@@ -1,4 +1,4 @@
-#include "topology/node_group.h"
+#include "topology/group/node_group.h"
 
 #include <atomic>
 #include <cstdio>
@@ -17,10 +17,10 @@
 #include "runtime/host_hooks.h"
 #include "runtime/interrupt.h"
 #include "runtime/signal_blocked.h"
-#include "topology/interrupt_watch.h"
-#include "topology/rendezvous_store.h"
-#include "topology/start_up.h"
-#include "topology/store_server.h"
+#include "topology/group/interrupt_watch.h"
+#include "topology/startup/rendezvous_store.h"
+#include "topology/startup/start_up.h"
+#include "topology/startup/store_server.h"
 
 namespace gradagg::detail {
 

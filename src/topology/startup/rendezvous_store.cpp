@@ -1,4 +1,4 @@
-#include "topology/rendezvous_store.h"
+#include "topology/startup/rendezvous_store.h"
 
 #include <stdexcept>
 

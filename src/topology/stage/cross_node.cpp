@@ -1,4 +1,4 @@
-#include "topology/cross_node.h"
+#include "topology/stage/cross_node.h"
 
 #include <algorithm>
 #include <cstring>
@@ -10,8 +10,8 @@
 
 #include <gradagg/errors.h>
 
-#include "topology/rendezvous.h"
-#include "topology/status_tail.h"
+#include "topology/stage/rendezvous.h"
+#include "topology/stage/status_tail.h"
 
 namespace gradagg::detail {
 
