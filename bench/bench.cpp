@@ -49,7 +49,8 @@ void addWhatRuns(CLI::App& app, Config& cfg, Cli& cli) {
       ->check(CLI::Range(1, gradagg::Options::kMaxWorkers));
   cli.steps = app.add_option("-s,--steps", cfg.steps, "measured steps per configuration")
                   ->check(CLI::PositiveNumber);
-  cli.warmup = app.add_option("--warmup", cfg.warmup, "unmeasured steps first (single, shm: and at least 200 ms)")
+  cli.warmup = app.add_option("--warmup", cfg.warmup,
+                              "unmeasured steps first (single, shm: and at least 200 ms)")
                    ->check(CLI::NonNegativeNumber);
   cli.rounds = app.add_option("--rounds", cfg.rounds,
                               "run each model's modes this many times in turn (single, shm, "
@@ -76,7 +77,8 @@ void addWhatRuns(CLI::App& app, Config& cfg, Cli& cli) {
       ->check(CLI::IsMember({"default", "kept"}))
       ->group("");
   app.add_option("--modes", cli.modes,
-                 "comma list of single, single-kept, ceiling, shm, gloo, shm-1node, shm-2nodes, shm-2nodes-bf16, "
+                 "comma list of single, single-kept, ceiling, shm, gloo, shm-1node, shm-2nodes, "
+                 "shm-2nodes-bf16, "
                  "shm-2nodes-after (overlap off), reduce-only (default all)");
 }
 
@@ -218,8 +220,8 @@ void printHeader(const Machine& machine, int argc, char** argv, const Config& cf
   for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
   printMachine(std::cout, machine, command);
   std::cout << "workers " << cfg.workers << ", " << cfg.steps << " steps after " << cfg.warmup
-            << " warm-up in " << cfg.rounds << " round(s), single-process threads " << cfg.threads << ", peer threads "
-            << peerThreads(cfg) << "\n\n"
+            << " warm-up in " << cfg.rounds << " round(s), single-process threads " << cfg.threads
+            << ", peer threads " << peerThreads(cfg) << "\n\n"
             << std::flush;
 }
 

@@ -14,9 +14,9 @@
 #include <filesystem>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <torch/torch.h>
+#include <CLI/CLI.hpp>
 
 #include <gradagg/blas.h>
 #include <gradagg/checkpoint.h>
@@ -97,9 +97,10 @@ int main(int argc, char** argv) {
   for (const auto& f : {model_file, opt_file, ckpt_file}) std::filesystem::remove(f);
 
   const auto blas = gradagg::blasInfo();
-  fmt::print("state: MNIST Net, {} float32 parameters + Adam, checkpoint {:.1f} MB; "
-             "blas: {}; {} runs, in {}\n",
-             numel, static_cast<double>(bytes) / 1e6, blas.vendor, runs, dir);
+  fmt::print(
+      "state: MNIST Net, {} float32 parameters + Adam, checkpoint {:.1f} MB; "
+      "blas: {}; {} runs, in {}\n",
+      numel, static_cast<double>(bytes) / 1e6, blas.vendor, runs, dir);
   fmt::print("{:<32} {:>9} {:>9} {:>9}\n", "", "min ms", "median", "max");
   auto row = [](const char* name, const Stats& s) {
     fmt::print("{:<32} {:>9.1f} {:>9.1f} {:>9.1f}\n", name, s.min, s.median, s.max);

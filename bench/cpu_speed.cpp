@@ -109,8 +109,9 @@ std::vector<CpuSpeed> measureCpuSpeeds() {
 
 double spread(const std::vector<CpuSpeed>& speeds) {
   if (speeds.empty()) return 1.0;
-  const auto [fastest, slowest] = std::minmax_element(
-      speeds.begin(), speeds.end(), [](const CpuSpeed& a, const CpuSpeed& b) { return a.ms < b.ms; });
+  const auto [fastest, slowest] =
+      std::minmax_element(speeds.begin(), speeds.end(),
+                          [](const CpuSpeed& a, const CpuSpeed& b) { return a.ms < b.ms; });
   return slowest->ms / fastest->ms;
 }
 
@@ -121,7 +122,8 @@ std::string describe(const std::vector<CpuSpeed>& speeds) {
   for (const CpuSpeed& c : speeds)
     s << (&c == &speeds.front() ? "" : ", ") << "cpu" << c.cpu << " " << c.ms << " ms";
   if (speeds.size() > 1)
-    s << std::fixed << std::setprecision(2) << " (the slowest " << spread(speeds) << "x the fastest)";
+    s << std::fixed << std::setprecision(2) << " (the slowest " << spread(speeds)
+      << "x the fastest)";
   return s.str();
 }
 

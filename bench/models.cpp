@@ -94,10 +94,14 @@ std::int64_t paramCount(const ModelSpec& spec) {
 Net makeModel(const ModelSpec& spec) {
   torch::manual_seed(kSeed);
   switch (spec.kind) {
-    case Kind::kCnn: return std::make_shared<CnnImpl>();
-    case Kind::kTransformer: return std::make_shared<TransformerImpl>();
-    case Kind::kLstm: return std::make_shared<LstmImpl>();
-    case Kind::kMlp: break;
+    case Kind::kCnn:
+      return std::make_shared<CnnImpl>();
+    case Kind::kTransformer:
+      return std::make_shared<TransformerImpl>();
+    case Kind::kLstm:
+      return std::make_shared<LstmImpl>();
+    case Kind::kMlp:
+      break;
   }
   return std::make_shared<MlpImpl>(spec.layers);
 }
@@ -108,10 +112,18 @@ Data makeData(const ModelSpec& spec) {
   const std::int64_t classes = spec.kind == Kind::kMlp ? spec.layers.back() : kClasses;
   torch::Tensor x;
   switch (spec.kind) {
-    case Kind::kCnn: x = torch::randn({B, 1, 28, 28}); break;
-    case Kind::kTransformer: x = torch::randint(0, kVocabulary, {B, kSequence}, torch::kLong); break;
-    case Kind::kLstm: x = torch::randn({B, kSequence, kFeatures}); break;
-    case Kind::kMlp: x = torch::randn({B, spec.layers.front()}); break;
+    case Kind::kCnn:
+      x = torch::randn({B, 1, 28, 28});
+      break;
+    case Kind::kTransformer:
+      x = torch::randint(0, kVocabulary, {B, kSequence}, torch::kLong);
+      break;
+    case Kind::kLstm:
+      x = torch::randn({B, kSequence, kFeatures});
+      break;
+    case Kind::kMlp:
+      x = torch::randn({B, spec.layers.front()});
+      break;
   }
   return {x, torch::randint(0, classes, {B}, torch::kLong)};
 }

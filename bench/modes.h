@@ -23,9 +23,9 @@ struct Config {
   int workers = 2;
   int steps = 20;
   int warmup = 3;
-  int threads = 0;         // single mode; 0: all cores
+  int threads = 0;                // single mode; 0: all cores
   std::string optimizer = "sgd";  // --optimizer: sgd, adam or adamw, every mode
-  std::int64_t batch = 0;  // 0: the model's default
+  std::int64_t batch = 0;         // 0: the model's default
   std::vector<ModelSpec> models;
   std::set<std::string> modes;
   std::string json;
@@ -37,9 +37,9 @@ struct Config {
   std::int64_t message_bytes = 0;        // shm: a message of this many bytes with each step
   bool keep_worker_memory = true;        // shm, shm-2nodes*: Options::keep_worker_memory
   int parent_threads = gradagg::Options().parent_threads;  // shm, shm-2nodes*
-  int rounds = 3;  // each model's modes run this many times in turn, steps split among them
+  int rounds = 3;         // each model's modes run this many times in turn, steps split among them
   double quiet_cpus = 0;  // > 0: redo a round when the CPUs' spread went past this (rounds.h)
-  Placement placement;                   // the nodes' and Gloo peers' CPUs and network
+  Placement placement;    // the nodes' and Gloo peers' CPUs and network
 };
 
 // Intra-op threads of each forked peer or worker: the cores shared among them.
@@ -64,7 +64,8 @@ class WarmUp {
   // True when step `s`, starting at `t0`, is still warm-up (once false, false for later steps).
   bool includes(int s, Clock::time_point t0) {
     if (done_) return false;
-    done_ = s >= steps_ && std::chrono::duration<double, std::milli>(t0 - start_).count() >= kMinWarmupMs;
+    done_ = s >= steps_ &&
+            std::chrono::duration<double, std::milli>(t0 - start_).count() >= kMinWarmupMs;
     if (!done_) ++taken_;
     return !done_;
   }

@@ -36,11 +36,21 @@ constexpr auto kCeilingTimeout = std::chrono::minutes(10);
 // Runs this program again as `--one-process heap` on the one model and returns
 // the row it prints (one JSON line on its stdout).
 Row runFresh(const ModelSpec& spec, const Config& cfg, const char* heap) {
-  std::vector<std::string> args = {
-      "/proc/self/exe", "--one-process", heap,  "-m",       spec.name,
-      "-b",             std::to_string(spec.batch), "-s", std::to_string(cfg.steps),
-      "--warmup",       std::to_string(cfg.warmup), "-t", std::to_string(cfg.threads),
-      "--optimizer",    cfg.optimizer};
+  std::vector<std::string> args = {"/proc/self/exe",
+                                   "--one-process",
+                                   heap,
+                                   "-m",
+                                   spec.name,
+                                   "-b",
+                                   std::to_string(spec.batch),
+                                   "-s",
+                                   std::to_string(cfg.steps),
+                                   "--warmup",
+                                   std::to_string(cfg.warmup),
+                                   "-t",
+                                   std::to_string(cfg.threads),
+                                   "--optimizer",
+                                   cfg.optimizer};
   int out[2];
   if (::pipe(out) != 0) throw std::runtime_error("gradagg-bench: pipe failed");
   std::fflush(nullptr);

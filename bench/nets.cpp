@@ -44,12 +44,10 @@ torch::Tensor CnnImpl::forward(torch::Tensor x) {
 TransformerImpl::TransformerImpl()
     : embed(register_module("embed", torch::nn::Embedding(kVocabulary, 128))),
       encoder(register_module(
-          "encoder", torch::nn::TransformerEncoder(torch::nn::TransformerEncoderOptions(
-                                                       torch::nn::TransformerEncoderLayerOptions(
-                                                           128, 4)
-                                                           .dim_feedforward(512)
-                                                           .dropout(0.1),
-                                                       4)))),
+          "encoder",
+          torch::nn::TransformerEncoder(torch::nn::TransformerEncoderOptions(
+              torch::nn::TransformerEncoderLayerOptions(128, 4).dim_feedforward(512).dropout(0.1),
+              4)))),
       head(register_module("head", torch::nn::Linear(128, kClasses))) {}
 
 torch::Tensor TransformerImpl::forward(torch::Tensor x) {

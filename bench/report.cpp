@@ -98,9 +98,9 @@ Row rowFromJson(const std::string& line) {
   r.p90_ms = j.at("p90_ms").get<double>();
   r.reduce_ms = j.at("reduce_ms").get<double>();
   r.sync_us = j.at("sync_us").get<double>();
-  static const char* const kNotExtra[] = {"model", "mode", "workers", "params", "batch", "threads",
-                                          "steps", "ms_per_step", "p90_ms", "samples_per_s",
-                                          "reduce_ms", "sync_us", "speedup_vs_single"};
+  static const char* const kNotExtra[] = {
+      "model",       "mode",   "workers",       "params",    "batch",   "threads",          "steps",
+      "ms_per_step", "p90_ms", "samples_per_s", "reduce_ms", "sync_us", "speedup_vs_single"};
   for (const auto& [key, value] : j.items()) {
     if (!value.is_number() || key == "cores") continue;
     if (std::find(std::begin(kNotExtra), std::end(kNotExtra), key) != std::end(kNotExtra)) continue;
@@ -153,7 +153,8 @@ void printTable(std::ostream& out, const std::vector<Row>& rows) {
         << shortNumber(r.p90_ms) << " | " << (reduce_only ? "" : fixed(r.samples_per_s, 0)) << " | "
         << (r.speedup_vs_single ? fixed(*r.speedup_vs_single, 2) + "x" : "") << " | "
         << extraOr(r, "speedup_vs_single_kept") << " | " << extraOr(r, "of_ceiling") << " | "
-        << extraOr(r, "compute_ms") << " | " << (r.mode.rfind("single", 0) == 0 || r.mode == "ceiling" ? "" : shortNumber(r.reduce_ms))
+        << extraOr(r, "compute_ms") << " | "
+        << (r.mode.rfind("single", 0) == 0 || r.mode == "ceiling" ? "" : shortNumber(r.reduce_ms))
         << " | " << (reduce_only ? "" : fixed(r.sync_us, 0)) << " | " << gbps << " | "
         << extraOr(r, "gloo_allreduce_ms") << " |\n";
   }

@@ -157,7 +157,8 @@ std::vector<Row> runQuietRound(const ModelSpec& spec, const Data& data, const Co
     const std::string line = "  " + describeRound(r, cfg.rounds, rows);
     if (!disturbed || run == kMaxRedos) {
       if (cfg.rounds > 1 || run > 0) std::cerr << line << "\n";
-      if (disturbed) std::cerr << "  (kept: " << kMaxRedos << " runs again did not find quiet CPUs)\n";
+      if (disturbed)
+        std::cerr << "  (kept: " << kMaxRedos << " runs again did not find quiet CPUs)\n";
       return rows;
     }
     ++redone;

@@ -14,9 +14,9 @@
 #include <cstdio>
 #include <optional>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <torch/torch.h>
+#include <CLI/CLI.hpp>
 
 #include <gradagg/data.h>
 #include <gradagg/gradagg.h>
@@ -30,9 +30,11 @@ namespace {
 
 struct CnnImpl : torch::nn::Module {
   CnnImpl()
-      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)))),
+      : conv1(register_module("conv1",
+                              torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)))),
         bn1(register_module("bn1", torch::nn::BatchNorm2d(16))),
-        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)))),
+        conv2(register_module("conv2",
+                              torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)))),
         bn2(register_module("bn2", torch::nn::BatchNorm2d(32))),
         drop(register_module("drop", torch::nn::Dropout(0.25))),
         fc(register_module("fc", torch::nn::Linear(32 * 7 * 7, 10))) {}
@@ -86,16 +88,24 @@ int run(int argc, char** argv) {
   Config c;
   CLI::App app{"A CNN on Fashion-MNIST with gradagg workers, or one process (--single)"};
   app.add_option("--data", c.data_dir, "directory of the four IDX files")->capture_default_str();
-  app.add_option("--workers", c.workers, "gradagg workers")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--workers", c.workers, "gradagg workers")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   app.add_option("--epochs", c.epochs, "epochs")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--batch", c.batch, "samples per worker per step")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--lr", c.lr, "Adam's learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--batch", c.batch, "samples per worker per step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--lr", c.lr, "Adam's learning rate")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--seed", c.seed, "initial weights and data order")->capture_default_str();
-  app.add_option("--limit", c.limit, "use the first N training samples (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--limit", c.limit, "use the first N training samples (0: all)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--single", c.single, "train in this process with batch workers * batch");
   app.add_flag("--prefetch", c.prefetch, "load a worker's next batch on a loader thread");
   app.add_option("--threads", c.threads, "intra-op threads per worker (or of the one process)")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   if (const auto done = example::parseCommandLine(app, argc, argv)) return *done;
 
   const idx::MnistDir data = idx::readMnistDir(c.data_dir);
@@ -113,7 +123,8 @@ int run(int argc, char** argv) {
   data_options.seed = c.seed;
   data_options.prefetch = c.prefetch;
   gradagg::data::ShardedBatches batches(fashion::FashionDataset(train_images, train_labels),
-                                        static_cast<std::size_t>(c.workers) * c.batch, data_options);
+                                        static_cast<std::size_t>(c.workers) * c.batch,
+                                        data_options);
   torch::manual_seed(c.seed);
   Cnn model;
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(c.lr));
@@ -126,14 +137,18 @@ int run(int argc, char** argv) {
     options.workers = c.workers;
     options.threads_per_worker = c.threads;
     options.seed = c.seed;
-    agg.emplace(*model, [&](const gradagg::ShardContext& ctx) {
-      const auto part = batches.batch(ctx);
-      if (part.data.size(0) == 0) return gradagg::ShardResult{torch::Tensor(), 0};
-      const auto logits = model->forward(part.data);
-      const double correct = logits.argmax(1).eq(part.target).sum().item<double>();
-      return gradagg::ShardResult{torch::nn::functional::cross_entropy(logits, part.target),
-                                  part.data.size(0), {{"correct", correct}}};
-    }, options);
+    agg.emplace(
+        *model,
+        [&](const gradagg::ShardContext& ctx) {
+          const auto part = batches.batch(ctx);
+          if (part.data.size(0) == 0) return gradagg::ShardResult{torch::Tensor(), 0};
+          const auto logits = model->forward(part.data);
+          const double correct = logits.argmax(1).eq(part.target).sum().item<double>();
+          return gradagg::ShardResult{torch::nn::functional::cross_entropy(logits, part.target),
+                                      part.data.size(0),
+                                      {{"correct", correct}}};
+        },
+        options);
   }
   std::printf("%s, global batch %d, %lld training images, %lld steps per epoch\n",
               c.single ? "one process" : fmt::format("gradagg, {} workers", c.workers).c_str(),
@@ -164,10 +179,12 @@ int run(int argc, char** argv) {
       adam.step();
       if (const int signal = example::stopSignal()) return 128 + signal;
     }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-    std::printf("epoch %d  train loss %.4f  train accuracy %.4f  test accuracy %.4f  %.0f samples/s\n",
-                epoch + 1, loss_sum / static_cast<double>(samples), correct / static_cast<double>(samples),
-                accuracy(model, test_images, test_labels), static_cast<double>(samples) / seconds);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    std::printf(
+        "epoch %d  train loss %.4f  train accuracy %.4f  test accuracy %.4f  %.0f samples/s\n",
+        epoch + 1, loss_sum / static_cast<double>(samples), correct / static_cast<double>(samples),
+        accuracy(model, test_images, test_labels), static_cast<double>(samples) / seconds);
     std::fflush(stdout);
   }
   return example::kDone;

@@ -75,8 +75,10 @@ void referenceStep(Net& net, torch::optim::SGD& opt, Batches& data, std::uint64_
     const auto params = net->parameters();
     for (std::size_t k = 0; k < params.size(); ++k) {
       auto weighted = params[k].grad() * static_cast<double>(rows.size(0));
-      if (sum.size() <= k) sum.push_back(weighted);
-      else sum[k] += weighted;
+      if (sum.size() <= k)
+        sum.push_back(weighted);
+      else
+        sum[k] += weighted;
     }
     total += rows.size(0);
   }
@@ -107,16 +109,19 @@ int run(int argc, char** argv) {
   torch::manual_seed(7);
   Net net(dropout);
   torch::manual_seed(7);
-  Net reference(dropout);  // the same initial values
+  Net reference(dropout);    // the same initial values
   torch::manual_seed(seed);  // the program's --seed: gradagg's workers derive theirs from it
   torch::optim::SGD opt(net->parameters(), 0.05), ref_opt(reference->parameters(), 0.05);
   gradagg::Options options;
   options.workers = workers;
-  gradagg::Aggregator agg(*net, [&](const gradagg::ShardContext& ctx) {
-    auto batch = data.batch(ctx).data;
-    if (batch.size(0) == 0) return gradagg::ShardResult{{}, 0};
-    return gradagg::ShardResult{lossOf(net, batch), batch.size(0)};
-  }, options);
+  gradagg::Aggregator agg(
+      *net,
+      [&](const gradagg::ShardContext& ctx) {
+        auto batch = data.batch(ctx).data;
+        if (batch.size(0) == 0) return gradagg::ShardResult{{}, 0};
+        return gradagg::ShardResult{lossOf(net, batch), batch.size(0)};
+      },
+      options);
 
   std::int64_t step = 0;
   for (std::int64_t epoch = 0; epoch < epochs; ++epoch) {

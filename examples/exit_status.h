@@ -17,10 +17,10 @@
 
 #include <chrono>
 #include <csignal>
-#include <cstdlib>
 #include <cstdint>
-#include <ctime>
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
 #include <exception>
 #include <optional>
 #include <system_error>
@@ -112,6 +112,5 @@ inline std::optional<int> parseCommandLine(CLI::App& app, int argc, char** argv)
     return app.exit(e) == 0 ? kDone : kBadInput;
   }
 }
-
 
 }  // namespace example

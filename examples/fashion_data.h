@@ -25,9 +25,8 @@ class FashionDataset
 
   torch::data::Example<> get_batch(c10::ArrayRef<std::size_t> indices) override {
     static_assert(sizeof(std::size_t) == sizeof(std::int64_t), "indices read as int64");
-    const auto rows =
-        torch::from_blob(const_cast<std::size_t*>(indices.data()),
-                         {static_cast<std::int64_t>(indices.size())}, torch::kLong);
+    const auto rows = torch::from_blob(const_cast<std::size_t*>(indices.data()),
+                                       {static_cast<std::int64_t>(indices.size())}, torch::kLong);
     return {images_.index_select(0, rows), labels_.index_select(0, rows)};
   }
   c10::optional<std::size_t> size() const override {

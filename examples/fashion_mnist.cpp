@@ -9,9 +9,9 @@
 
 #include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <fstream>
 #include <map>
@@ -150,9 +150,9 @@ int run(int argc, char** argv) {
   std::ofstream metrics;
   auto checkMetrics = [&] {
     if (!metrics)
-      throw gradagg::FileError(fmt::format("--metrics: writing {} failed: {}", metrics_path,
-                                           std::strerror(errno)),
-                               metrics_path);
+      throw gradagg::FileError(
+          fmt::format("--metrics: writing {} failed: {}", metrics_path, std::strerror(errno)),
+          metrics_path);
   };
   if (!metrics_path.empty()) {
     std::ifstream existing(metrics_path);

@@ -6,9 +6,9 @@
 #include "fashion_train.h"
 
 #include <algorithm>
-#include <map>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -41,7 +41,8 @@ Net makeNet(std::int64_t inputs, std::int64_t hidden, std::uint64_t seed) {
 }
 
 torch::Tensor epochOrder(std::int64_t n, std::uint64_t seed, std::int64_t epoch) {
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed + static_cast<std::uint64_t>(epoch));
+  auto generator =
+      at::make_generator<at::CPUGeneratorImpl>(seed + static_cast<std::uint64_t>(epoch));
   return torch::randperm(n, generator, torch::kLong);
 }
 
@@ -87,14 +88,10 @@ struct Progress {
 // anything that changes the steps. (Every node must also run as many epochs;
 // a resumed run may raise --epochs, so that is not a checkpoint setting.)
 std::map<std::string, std::string> trajectorySettings(const TrainConfig& c) {
-  return {{"workers", std::to_string(c.workers)},
-          {"nodes", std::to_string(c.nodes.nodes)},
-          {"batch", std::to_string(c.batch)},
-          {"lr", fmt::format("{}", c.lr)},
-          {"optimizer", optimizerName(c.optimizer)},
-          {"seed", std::to_string(c.seed)},
-          {"hidden", std::to_string(c.hidden)},
-          {"limit", std::to_string(c.limit)},
+  return {{"workers", std::to_string(c.workers)},    {"nodes", std::to_string(c.nodes.nodes)},
+          {"batch", std::to_string(c.batch)},        {"lr", fmt::format("{}", c.lr)},
+          {"optimizer", optimizerName(c.optimizer)}, {"seed", std::to_string(c.seed)},
+          {"hidden", std::to_string(c.hidden)},      {"limit", std::to_string(c.limit)},
           {"single", c.single ? "1" : "0"}};
 }
 
@@ -169,8 +166,7 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   std::optional<gradagg::Checkpoint> checkpoint, resume;
   if (!config.checkpoint.empty() && config.nodes.node_rank == 0)
     checkpoint.emplace(config.checkpoint);
-  if (!config.resume.empty())
-    resume.emplace(config.resume, gradagg::Checkpoint::Access::kReadOnly);
+  if (!config.resume.empty()) resume.emplace(config.resume, gradagg::Checkpoint::Access::kReadOnly);
   // `workers` counts the workers of every node: the data split is global.
   const int workers = config.single ? config.workers : config.workers * config.nodes.nodes;
   const int batch = config.batch;
@@ -195,7 +191,7 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   const std::int64_t n = train_images.size(0);
   if (n < workers) {
     throw std::invalid_argument("bad setting: " + std::to_string(n) + " training samples for " +
-                             std::to_string(workers) + " workers");
+                                std::to_string(workers) + " workers");
   }
   // Built once, before the fork: each worker loads its own part (in the worker).
   gradagg::data::ShardedBatchesOptions data_options;
@@ -238,8 +234,8 @@ TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks) {
   info(std::string(config.single ? "one process, batch " : "gradagg, ") +
        (config.single ? std::to_string(workers * batch)
                       : std::to_string(workers) + " workers x batch " + std::to_string(batch)) +
-       "; " + std::to_string(steps_per_epoch) + " steps per epoch; " + optimizerName(config.optimizer) +
-       " lr " + shortNumber(config.lr));
+       "; " + std::to_string(steps_per_epoch) + " steps per epoch; " +
+       optimizerName(config.optimizer) + " lr " + shortNumber(config.lr));
   if (!config.resume.empty() && first_step >= total_steps) {
     info(config.resume + " has done " + std::to_string(first_step / steps_per_epoch) +
          " epochs: nothing left to do (raise --epochs to go on)");

@@ -69,10 +69,10 @@ struct StepProgress {
 };
 
 struct EpochResult {
-  int epoch = 0;          // 0-based
-  double train_loss = 0;  // mean over the epoch's training samples
+  int epoch = 0;              // 0-based
+  double train_loss = 0;      // mean over the epoch's training samples
   double train_accuracy = 0;  // of the training samples, as the model was at their step
-  double test_loss = 0;   // mean over the test set, after the epoch
+  double test_loss = 0;       // mean over the test set, after the epoch
   double test_accuracy = 0;
   double train_seconds = 0;  // the steps only (no evaluation)
   double epoch_seconds = 0;  // steps and evaluation

@@ -65,8 +65,7 @@ int run(int argc, char** argv) {
   app.add_option("--batch", batch, "minibatch size")->check(CLI::PositiveNumber);
   app.add_option("--workers", workers, "population size")->check(CLI::Range(1, 16));
   app.add_option("--seed", seed, "seed of every random choice");
-  app.add_option("--lr-min", lr_min,
-                 "learning rates are drawn log-uniformly from [lr-min, lr-max]")
+  app.add_option("--lr-min", lr_min, "learning rates are drawn log-uniformly from [lr-min, lr-max]")
       ->check(CLI::PositiveNumber);
   app.add_option("--lr-max", lr_max)->check(CLI::PositiveNumber);
   app.add_option("--lineage", lineage, "JSON Lines file, one line per copy (appended)");
@@ -133,7 +132,8 @@ int run(int argc, char** argv) {
   options.higher_is_better = true;
   options.lineage_path = lineage;
   options.resume_from = resume;
-  options.step_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(step_timeout_s * 1000));
+  options.step_timeout =
+      std::chrono::milliseconds(static_cast<std::int64_t>(step_timeout_s * 1000));
   options.policy = policy_name == "random"       ? gradagg::Policy::random(p)
                    : policy_name == "truncation" ? gradagg::Policy::truncation(fraction)
                    : policy_name == "tournament" ? gradagg::Policy::tournament()
@@ -169,7 +169,8 @@ int run(int argc, char** argv) {
   if (checkpoint) save();
   const double seconds = std::chrono::duration<double>(training).count();
   const std::int64_t trained = population.snapshot(0).step - first_step;
-  std::fprintf(stderr, "trained %ld steps per member in %.2f s of generations: %.1f steps/s per member\n",
+  std::fprintf(stderr,
+               "trained %ld steps per member in %.2f s of generations: %.1f steps/s per member\n",
                static_cast<long>(trained), seconds, seconds > 0 ? trained / seconds : 0.0);
 
   // Score every member's final snapshot on the test set, here in the parent.

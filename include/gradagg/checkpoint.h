@@ -44,7 +44,7 @@
 namespace torch::optim {
 class Optimizer;
 class LRScheduler;
-}
+}  // namespace torch::optim
 
 namespace gradagg {
 
@@ -129,11 +129,9 @@ class Checkpoint {
   // thread. Throws CheckpointError (also the previous write's failure, before
   // anything of this one is done).
   void save(const ModelView& model, const torch::optim::Optimizer* optimizer,
-            const TrainingState& state,
-            const torch::optim::LRScheduler* scheduler = nullptr) const;
+            const TrainingState& state, const torch::optim::LRScheduler* scheduler = nullptr) const;
   void save(torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
-            const TrainingState& state,
-            const torch::optim::LRScheduler* scheduler = nullptr) const;
+            const TrainingState& state, const torch::optim::LRScheduler* scheduler = nullptr) const;
   // Waits until the last save's file is in place; throws its CheckpointError.
   void wait() const;
 
@@ -159,7 +157,7 @@ class Checkpoint {
  private:
   std::string path_;
   Access access_;
-  std::shared_ptr<const CheckpointLock> lock_;  // with kReadWrite; shared by copies
+  std::shared_ptr<const CheckpointLock> lock_;        // with kReadWrite; shared by copies
   std::shared_ptr<detail::CheckpointWriter> writer_;  // the write in flight; shared by copies
 };
 

@@ -111,8 +111,8 @@ class BatchPlan {
 
  private:
   std::pair<std::size_t, std::size_t> part(const BatchPosition& position, int global_rank,
-                                          int global_workers, int micro_step,
-                                          int micro_steps) const;
+                                           int global_workers, int micro_step,
+                                           int micro_steps) const;
   const std::vector<std::int64_t>& order(std::int64_t epoch) const;
 
   std::size_t size_;
@@ -193,12 +193,14 @@ class ShardedBatches {
   // ctx.micro_step), collated; 0 rows when it has none this step.
   Batch batch(const ShardContext& ctx) {
     const BatchPosition at = plan_.positionOf(ctx);
-    const Key key{at.epoch, at.index, ctx.global_rank, ctx.global_workers, ctx.micro_step,
-                  ctx.micro_steps};
+    const Key key{at.epoch,           at.index,       ctx.global_rank,
+                  ctx.global_workers, ctx.micro_step, ctx.micro_steps};
     std::optional<Batch> out;
     if (next_.valid()) {
-      if (next_key_ == key) out.emplace(next_.get());
-      else next_.wait();  // another step (redone, restarted): load it afresh
+      if (next_key_ == key)
+        out.emplace(next_.get());
+      else
+        next_.wait();  // another step (redone, restarted): load it afresh
       next_ = {};
     }
     if (!out) out.emplace(load(plan_.indices(ctx)));
@@ -229,10 +231,12 @@ class ShardedBatches {
   Batch load(const std::vector<std::size_t>& indices) {
     if (indices.empty()) {
       const std::size_t first[1] = {0};
-      auto rows = detail::noRows(detail::Collate<typename Dataset::BatchType>::apply(
-          dataset_.get_batch(first)));
-      if constexpr (std::is_same_v<decltype(rows), Batch>) return rows;
-      else if (rows) return std::move(*rows);
+      auto rows = detail::noRows(
+          detail::Collate<typename Dataset::BatchType>::apply(dataset_.get_batch(first)));
+      if constexpr (std::is_same_v<decltype(rows), Batch>)
+        return rows;
+      else if (rows)
+        return std::move(*rows);
     }
     return detail::Collate<typename Dataset::BatchType>::apply(dataset_.get_batch(indices));
   }

@@ -33,10 +33,10 @@ enum class BufferSync {
 
 // What float32 gradients travel as between nodes.
 enum class Compression {
-  kNone,       // as they are
-  kBFloat16,   // bf16 on the wire (half the bytes), summed in float32 and rounded to
-               // bf16 once per addition; the status (counts, flags) stays exact in
-               // a second, small collective. Float64 gradients are never compressed.
+  kNone,      // as they are
+  kBFloat16,  // bf16 on the wire (half the bytes), summed in float32 and rounded to
+              // bf16 once per addition; the status (counts, flags) stays exact in
+              // a second, small collective. Float64 gradients are never compressed.
 };
 
 // Several machines (nodes): inside each, workers reduce through shared memory;
@@ -215,8 +215,8 @@ struct Options {
   // checkpoint's is an InvalidArgument.
   std::int64_t start_step = 0;
   // Room in the segment for the message of a step (step(message),
-  // gradagg/message.h): its tensors' bytes, each rounded up to 64, and 152 bytes per entry. A message
-  // that does not fit is an InvalidArgument before anything runs.
+  // gradagg/message.h): its tensors' bytes, each rounded up to 64, and 152 bytes per entry. A
+  // message that does not fit is an InvalidArgument before anything runs.
   std::uint64_t message_bytes = 64 << 10;
 
   static constexpr int kMaxWorkers = 256;

@@ -43,9 +43,9 @@ struct BatchPosition {
 // (Steele, Lea and Flood, 2014) of seed ^ (rank << 40) ^ step, plus the golden
 // gamma; the same in Python (gradagg.worker_seed).
 constexpr std::uint64_t workerSeed(std::uint64_t seed, int global_rank, std::int64_t step) {
-  std::uint64_t z = (seed ^ (static_cast<std::uint64_t>(global_rank) << 40) ^
-                     static_cast<std::uint64_t>(step)) +
-                    0x9e3779b97f4a7c15ULL;
+  std::uint64_t z =
+      (seed ^ (static_cast<std::uint64_t>(global_rank) << 40) ^ static_cast<std::uint64_t>(step)) +
+      0x9e3779b97f4a7c15ULL;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
@@ -53,8 +53,8 @@ constexpr std::uint64_t workerSeed(std::uint64_t seed, int global_rank, std::int
 
 // What a shard function is told: who it is and which step it computes.
 struct ShardContext {
-  int rank = 0;           // 0..workers-1, on this node
-  int workers = 1;        // on this node
+  int rank = 0;     // 0..workers-1, on this node
+  int workers = 1;  // on this node
   // The global step: Options::start_step for the first step() of this
   // Aggregator, then one more each step (a resumed run goes on counting).
   std::int64_t step = 0;
@@ -97,8 +97,7 @@ struct ShardContext {
 struct ShardResult {
   ShardResult() = default;
   // ShardResult{loss, samples} or ShardResult{loss, samples, {{"correct", 12}}}.
-  ShardResult(at::Tensor loss, std::int64_t samples = 1,
-              std::map<std::string, double> metrics = {})
+  ShardResult(at::Tensor loss, std::int64_t samples = 1, std::map<std::string, double> metrics = {})
       : loss(std::move(loss)), samples(samples), metrics(std::move(metrics)) {}
 
   at::Tensor loss;

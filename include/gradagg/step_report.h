@@ -25,24 +25,24 @@ struct WorkerReport {
 };
 
 struct StepReport {
-  std::int64_t step = 0;      // the global step (Options::start_step for the first)
-  double loss = 0;            // mean of the worker losses with the step's weights
-  std::int64_t samples = 0;   // sum over workers
-  double publish_ms = 0;      // parent: checking the snapshot (and, across nodes, the checksum)
-  double compute_ms = 0;      // parent: from the command until every range is reduced
-  double reduce_ms = 0;       // the slowest worker's reduce_ms (the sum runs in the workers)
-  double node_ms = 0;         // across nodes: the node parents' collectives (0 on one node)
+  std::int64_t step = 0;         // the global step (Options::start_step for the first)
+  double loss = 0;               // mean of the worker losses with the step's weights
+  std::int64_t samples = 0;      // sum over workers
+  double publish_ms = 0;         // parent: checking the snapshot (and, across nodes, the checksum)
+  double compute_ms = 0;         // parent: from the command until every range is reduced
+  double reduce_ms = 0;          // the slowest worker's reduce_ms (the sum runs in the workers)
+  double node_ms = 0;            // across nodes: the node parents' collectives (0 on one node)
   std::uint64_t node_bytes = 0;  // across nodes: the bytes this node put into them (halved
                                  // with NodeOptions::compression = kBFloat16)
-  int node_collectives = 0;   // across nodes: the allreduces the gradient and status crossed in
-  int node_overlapped = 0;    // of them, buckets started while this node's workers were still
-                              // computing (NodeOptions::overlap; src/step/buckets.h)
-  double apply_ms = 0;        // parent: pointing .grad at the result, buffers, this report
-  double total_ms = 0;        // the whole step() call
-  bool skipped = false;       // NonFinitePolicy::kSkipStep skipped this step
-  int consecutive_skips = 0;  // skipped steps in a row, this one included
+  int node_collectives = 0;      // across nodes: the allreduces the gradient and status crossed in
+  int node_overlapped = 0;       // of them, buckets started while this node's workers were still
+                                 // computing (NodeOptions::overlap; src/step/buckets.h)
+  double apply_ms = 0;           // parent: pointing .grad at the result, buffers, this report
+  double total_ms = 0;           // the whole step() call
+  bool skipped = false;          // NonFinitePolicy::kSkipStep skipped this step
+  int consecutive_skips = 0;     // skipped steps in a row, this one included
   std::int64_t skipped_total = 0;
-  int restarts = 0;                   // worker-group restarts so far (Options::max_restarts)
+  int restarts = 0;  // worker-group restarts so far (Options::max_restarts)
   // ShardResult::metrics summed over every worker (of every node).
   std::map<std::string, double> metrics;
   std::vector<WorkerReport> workers;  // by rank

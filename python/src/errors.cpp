@@ -34,8 +34,8 @@ void registerErrors() {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const NonFiniteGradient& e) {
-      raise("NonFiniteGradient", text(e.what()), e.rank(), phaseName(e.phase()),
-            text(e.message()), e.parameter());
+      raise("NonFiniteGradient", text(e.what()), e.rank(), phaseName(e.phase()), text(e.message()),
+            e.parameter());
     } catch (const WorkerFailed& e) {
       raise("WorkerFailed", text(e.what()), e.rank(), phaseName(e.phase()), text(e.message()));
     } catch (const WorkerDied& e) {

@@ -32,8 +32,8 @@ class PyStopSignals {
     if (!(patience_seconds >= 0) || patience_seconds > 1e6)
       throw InvalidArgument(
           fmt::format("patience: expected seconds >= 0, got {}", patience_seconds));
-    stop_ = std::make_unique<StopSignals>(std::chrono::milliseconds(
-        static_cast<std::int64_t>(patience_seconds * 1000.0)));
+    stop_ = std::make_unique<StopSignals>(
+        std::chrono::milliseconds(static_cast<std::int64_t>(patience_seconds * 1000.0)));
   }
   StopSignals& get() const {
     if (!stop_) throw NotUsable("gradagg.StopSignals: closed (its handlers were restored)");
@@ -66,22 +66,31 @@ void bindBatchPosition(py::module_& m) {
                 "Aggregator.step(position) trains one, a checkpoint keeps the next "
                 "(TrainingState.position).")
       .def(py::init<>())
-      .def(py::init([](std::int64_t epoch, std::int64_t index) { return P{epoch, index}; }),
+      .def(py::init([](std::int64_t epoch, std::int64_t index) {
+             return P{epoch, index};
+           }),
            "epoch"_a = 0, "index"_a = 0)
       .def_readonly("epoch", &P::epoch)  // read-only: it is hashable, a value
       .def_readonly("index", &P::index, "the batch in the epoch, 0..steps_per_epoch - 1")
       .def("next", &P::next,
            "The position after this one's batch: (epoch, index + 1), in the same epoch.")
-      .def("__eq__", [](const P& a, const P& b) { return a == b; }, py::is_operator())
-      .def("__ne__", [](const P& a, const P& b) { return a != b; }, py::is_operator())
-      .def("__lt__", [](const P& a, const P& b) { return a < b; }, py::is_operator())
-      .def("__le__", [](const P& a, const P& b) { return !(b < a); }, py::is_operator())
-      .def("__gt__", [](const P& a, const P& b) { return b < a; }, py::is_operator())
-      .def("__ge__", [](const P& a, const P& b) { return !(a < b); }, py::is_operator())
+      .def(
+          "__eq__", [](const P& a, const P& b) { return a == b; }, py::is_operator())
+      .def(
+          "__ne__", [](const P& a, const P& b) { return a != b; }, py::is_operator())
+      .def(
+          "__lt__", [](const P& a, const P& b) { return a < b; }, py::is_operator())
+      .def(
+          "__le__", [](const P& a, const P& b) { return !(b < a); }, py::is_operator())
+      .def(
+          "__gt__", [](const P& a, const P& b) { return b < a; }, py::is_operator())
+      .def(
+          "__ge__", [](const P& a, const P& b) { return !(a < b); }, py::is_operator())
       .def("__hash__", [](const P& p) { return py::hash(py::make_tuple(p.epoch, p.index)); })
       .def("__repr__",
-           [](const P& p) { return fmt::format("BatchPosition(epoch={}, index={})", p.epoch,
-                                               p.index); })
+           [](const P& p) {
+             return fmt::format("BatchPosition(epoch={}, index={})", p.epoch, p.index);
+           })
       .def(py::pickle([](const P& p) { return py::make_tuple(p.epoch, p.index); },
                       [](const py::tuple& t) {
                         if (t.size() != 2)
@@ -93,8 +102,9 @@ void bindBatchPosition(py::module_& m) {
 void bindStopSignals(py::module_& m) {
   py::class_<PyStopHold>(m, "_StopHold")
       .def("release", &PyStopHold::release)
-      .def("__enter__", [](PyStopHold& h) -> PyStopHold& { return h; },
-           py::return_value_policy::reference)
+      .def(
+          "__enter__", [](PyStopHold& h) -> PyStopHold& { return h; },
+          py::return_value_policy::reference)
       .def("__exit__", [](PyStopHold& h, const py::args&) {
         h.release();
         return false;
@@ -117,8 +127,8 @@ void bindLoop(py::module_& m) {
   m.def(
       "worker_seed",
       [](const py::int_& seed, int global_rank, std::int64_t step) {
-        const py::int_ zero(0), limit(py::reinterpret_steal<py::object>(
-                                    PyLong_FromUnsignedLongLong(~0ULL)));
+        const py::int_ zero(0),
+            limit(py::reinterpret_steal<py::object>(PyLong_FromUnsignedLongLong(~0ULL)));
         if (seed < zero || seed > limit)
           throw InvalidArgument(fmt::format("seed: expected an int in [0, 2**64), got {}",
                                             std::string(py::repr(seed))));

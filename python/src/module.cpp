@@ -17,7 +17,6 @@
 #include <gradagg/blas.h>
 #include <gradagg/errors.h>
 
-#include "runtime/interrupt.h"
 #include "durable.h"
 #include "errors.h"
 #include "host.h"
@@ -25,6 +24,7 @@
 #include "model_view.h"
 #include "options.h"
 #include "population.h"
+#include "runtime/interrupt.h"
 #include "shard.h"
 #include "threads.h"
 
@@ -57,8 +57,10 @@ class PyAggregator {
     Message m;
     if (!message.is_none()) {
       if (!py::isinstance<py::dict>(message))
-        throw InvalidArgument(fmt::format("message: expected a dict of str -> tensor, int or "
-                                          "float, got {}", typeName(message)));
+        throw InvalidArgument(
+            fmt::format("message: expected a dict of str -> tensor, int or "
+                        "float, got {}",
+                        typeName(message)));
       m = messageOf(message.cast<py::dict>());
     }
     return withoutGil([&] {
@@ -103,11 +105,11 @@ void bindShardContext(py::module_& m) {
           "The parent's step(message): a dict of read-only tensors and numbers, valid "
           "during this call ({} without one).")
       .def("__repr__", [](const ShardContext& c) {
-        return fmt::format("ShardContext(rank={}, workers={}, step={}, micro_step={}{})", c.rank,
-                           c.workers, c.step, c.micro_step,
-                           c.position ? fmt::format(", position=({}, {})", c.position->epoch,
-                                                    c.position->index)
-                                      : "");
+        return fmt::format(
+            "ShardContext(rank={}, workers={}, step={}, micro_step={}{})", c.rank, c.workers,
+            c.step, c.micro_step,
+            c.position ? fmt::format(", position=({}, {})", c.position->epoch, c.position->index)
+                       : "");
       });
   m.def("_in_shard_function", &inShardFunction,
         "Whether this thread runs a shard function now (in a gradagg worker).");
@@ -126,9 +128,10 @@ void bindReports(py::module_& m) {
       .def_readonly("reduce_ms", &WorkerReport::reduce_ms)
       .def_readonly("metrics", &WorkerReport::metrics)
       .def("__repr__", [](const WorkerReport& w) {
-        return fmt::format("WorkerReport(loss={:.6g}, samples={}, shard_ms={:.3f}, "
-                           "backward_ms={:.3f})",
-                           w.loss, w.samples, w.shard_ms, w.backward_ms);
+        return fmt::format(
+            "WorkerReport(loss={:.6g}, samples={}, shard_ms={:.3f}, "
+            "backward_ms={:.3f})",
+            w.loss, w.samples, w.shard_ms, w.backward_ms);
       });
 
   py::class_<StepReport>(m, "StepReport", "What one step did (times in ms).")
@@ -222,7 +225,7 @@ void bindBlas(py::module_& m) {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "gradagg's C++ core (use the gradagg package, not this module)";
   m.attr("__version__") = GRADAGG_VERSION;  // CMakeLists.txt's project(VERSION), pip's too
-  py::module_::import("torch");  // the tensor type THPVariable_Check tests against
+  py::module_::import("torch");             // the tensor type THPVariable_Check tests against
   gradagg::python::installHostHooks();
   gradagg::python::registerErrors();
   gradagg::python::bindOptions(m);

@@ -2,8 +2,9 @@
 // field once: its keyword and attribute (the C++ field's name), its member
 // pointer and how Python sees it: as it is (int, bool, str, dict, NodeOptions),
 // as float seconds (a std::chrono::milliseconds), as a name of the enum's
-// string table or as None or an int (an optional unsigned 64-bit number). From a table come the keyword-only constructor, whose defaults
-// are the fields of a default-constructed struct, the read-write attributes and
+// string table or as None or an int (an optional unsigned 64-bit number). From a table come the
+// keyword-only constructor, whose defaults are the fields of a default-constructed struct, the
+// read-write attributes and
 // __repr__. A bad value is the InvalidArgument its conversion names, a wrong
 // type pybind11's TypeError; the ranges are Options::validate's.
 #include "options.h"
@@ -101,8 +102,8 @@ struct AsOptionalUint64 {
   std::optional<std::uint64_t> fromPy(const py::object& value, const char* name) const {
     if (value.is_none()) return std::nullopt;
     if (py::isinstance<py::int_>(value) && !py::isinstance<py::bool_>(value)) {
-      const py::int_ zero(0), top(py::reinterpret_steal<py::object>(
-                                  PyLong_FromUnsignedLongLong(~0ULL)));
+      const py::int_ zero(0),
+          top(py::reinterpret_steal<py::object>(PyLong_FromUnsignedLongLong(~0ULL)));
       if (!(value < zero) && !(value > top)) return value.cast<std::uint64_t>();
     }
     throw InvalidArgument(fmt::format("{}: expected None or an int in [0, 2**64), got {}", name,
@@ -139,9 +140,12 @@ struct Field {
   void set(T& o, Py value) const { o.*member = conv.fromPy(std::move(value), name); }
   // What __repr__ shows: repr() of the Python value, or a secret's stand-in.
   std::string shown(const T& o) const {
-    if constexpr (std::is_same_v<Conv, AsSecret>) return AsSecret::shown(o.*member);
-    else if constexpr (std::is_same_v<Py, py::object>) return std::string(py::repr(get(o)));
-    else return std::string(py::repr(py::cast(get(o))));
+    if constexpr (std::is_same_v<Conv, AsSecret>)
+      return AsSecret::shown(o.*member);
+    else if constexpr (std::is_same_v<Py, py::object>)
+      return std::string(py::repr(get(o)));
+    else
+      return std::string(py::repr(py::cast(get(o))));
   }
 
   // As it is: def_readwrite's, whose NodeOptions is the Options' own (o.nodes.x = v sets it).

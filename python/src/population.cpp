@@ -26,10 +26,10 @@
 
 #include <gradagg/population.h>
 
-#include "runtime/interrupt.h"
 #include "host.h"
 #include "model_view.h"
 #include "population.h"
+#include "runtime/interrupt.h"
 #include "shard.h"
 #include "threads.h"
 
@@ -116,8 +116,8 @@ py::object rngRef(DecisionRng& rng) { return py::cast(&rng, py::return_value_pol
 
 Hyperparams hyperparamsOf(const py::handle& r, const char* what) {
   if (!py::isinstance<py::dict>(r))
-    throw InvalidArgument(fmt::format("{} must return a dict of str -> float, got {}", what,
-                                      typeName(r)));
+    throw InvalidArgument(
+        fmt::format("{} must return a dict of str -> float, got {}", what, typeName(r)));
   try {
     return r.cast<Hyperparams>();
   } catch (const py::cast_error&) {
@@ -126,7 +126,8 @@ Hyperparams hyperparamsOf(const py::handle& r, const char* what) {
 }
 
 PyRef callable(py::object f, const char* what) {
-  if (!PyCallable_Check(f.ptr())) throw InvalidArgument(fmt::format("{}: expected a callable", what));
+  if (!PyCallable_Check(f.ptr()))
+    throw InvalidArgument(fmt::format("{}: expected a callable", what));
   return PyRef(std::move(f));
 }
 
@@ -140,8 +141,8 @@ PopulationFns fnsOf(const py::object& make_optimizer, const py::object& hyperpar
       py::object o = (*make)(hp);
       if (!py::hasattr(o, "state_dict") || !py::hasattr(o, "load_state_dict") ||
           !py::hasattr(o, "param_groups"))
-        throw InvalidArgument(fmt::format(
-            "make_optimizer must return a torch.optim optimizer, got {}", typeName(o)));
+        throw InvalidArgument(
+            fmt::format("make_optimizer must return a torch.optim optimizer, got {}", typeName(o)));
       return std::make_unique<PyOptimizer>(std::move(o));
     });
   };
@@ -202,27 +203,46 @@ PopulationOptions optionsOf(const Policy& policy, const py::kwargs& kw) {
   o.policy = policy;
   for (auto [key, value] : kw) {
     const auto k = key.cast<std::string>();
-    if (k == "workers") o.workers = value.cast<int>();
-    else if (k == "publish_interval") o.publish_interval = value.cast<std::int64_t>();
-    else if (k == "seed") o.seed = value.cast<std::uint64_t>();
-    else if (k == "higher_is_better") o.higher_is_better = value.cast<bool>();
-    else if (k == "ready_interval") o.ready_interval = value.cast<std::int64_t>();
-    else if (k == "copy_optimizer_state") o.copy_optimizer_state = value.cast<bool>();
-    else if (k == "copy_hyperparams") o.copy_hyperparams = value.cast<bool>();
-    else if (k == "optimizer_state_bytes") o.optimizer_state_bytes = value.cast<std::size_t>();
-    else if (k == "lineage_path") o.lineage_path = py::str(value);
-    else if (k == "resume_from") o.resume_from = py::str(value);
-    else if (k == "threads_per_worker") o.threads_per_worker = value.cast<int>();
-    else if (k == "keep_worker_memory") o.keep_worker_memory = value.cast<bool>();
-    else if (k == "step_timeout") o.step_timeout = secondsOf(value, "step_timeout");
-    else if (k == "shutdown_timeout") o.shutdown_timeout = secondsOf(value, "shutdown_timeout");
-    else if (k == "max_restarts") o.max_restarts = value.cast<int>();
+    if (k == "workers")
+      o.workers = value.cast<int>();
+    else if (k == "publish_interval")
+      o.publish_interval = value.cast<std::int64_t>();
+    else if (k == "seed")
+      o.seed = value.cast<std::uint64_t>();
+    else if (k == "higher_is_better")
+      o.higher_is_better = value.cast<bool>();
+    else if (k == "ready_interval")
+      o.ready_interval = value.cast<std::int64_t>();
+    else if (k == "copy_optimizer_state")
+      o.copy_optimizer_state = value.cast<bool>();
+    else if (k == "copy_hyperparams")
+      o.copy_hyperparams = value.cast<bool>();
+    else if (k == "optimizer_state_bytes")
+      o.optimizer_state_bytes = value.cast<std::size_t>();
+    else if (k == "lineage_path")
+      o.lineage_path = py::str(value);
+    else if (k == "resume_from")
+      o.resume_from = py::str(value);
+    else if (k == "threads_per_worker")
+      o.threads_per_worker = value.cast<int>();
+    else if (k == "keep_worker_memory")
+      o.keep_worker_memory = value.cast<bool>();
+    else if (k == "step_timeout")
+      o.step_timeout = secondsOf(value, "step_timeout");
+    else if (k == "shutdown_timeout")
+      o.shutdown_timeout = secondsOf(value, "shutdown_timeout");
+    else if (k == "max_restarts")
+      o.max_restarts = value.cast<int>();
     else if (k == "explore") {
       const auto e = value.cast<std::string>();
-      if (e == "none") o.explore = Explore::kNone;
-      else if (e == "perturb") o.explore = Explore::kPerturb;
-      else if (e == "resample") o.explore = Explore::kResample;
-      else throw InvalidArgument("explore: '" + e + "' is not 'none', 'perturb' or 'resample'");
+      if (e == "none")
+        o.explore = Explore::kNone;
+      else if (e == "perturb")
+        o.explore = Explore::kPerturb;
+      else if (e == "resample")
+        o.explore = Explore::kResample;
+      else
+        throw InvalidArgument("explore: '" + e + "' is not 'none', 'perturb' or 'resample'");
     } else if (k == "resample") {
       if (value.is_none()) continue;
       const PyRef f = callable(py::reinterpret_borrow<py::object>(value), "resample");
@@ -240,9 +260,9 @@ PopulationOptions optionsOf(const Policy& policy, const py::kwargs& kw) {
 class PyPopulation {
  public:
   PyPopulation(const py::object& model, const py::object& make_optimizer,
-               const py::object& hyperparams, const py::object& train_step,
-               const py::object& score, const py::object& init_weights,
-               const py::object& apply_hyperparams, const Policy& policy, const py::kwargs& kw) {
+               const py::object& hyperparams, const py::object& train_step, const py::object& score,
+               const py::object& init_weights, const py::object& apply_hyperparams,
+               const Policy& policy, const py::kwargs& kw) {
     ModelView view = viewOfPython(model);
     PopulationFns fns =
         fnsOf(make_optimizer, hyperparams, train_step, score, init_weights, apply_hyperparams);
@@ -258,8 +278,12 @@ class PyPopulation {
     if (!pop_) throw NotUsable("gradagg: the population is shut down");
     return *pop_;
   }
-  std::vector<CopyEvent> generation() { return withoutGil([&] { return pop().generation(); }); }
-  MemberSnapshot snapshot(int rank) const { return withoutGil([&] { return pop().snapshot(rank); }); }
+  std::vector<CopyEvent> generation() {
+    return withoutGil([&] { return pop().generation(); });
+  }
+  MemberSnapshot snapshot(int rank) const {
+    return withoutGil([&] { return pop().snapshot(rank); });
+  }
   void checkpoint(const std::string& path) const {
     withoutGil([&] { pop().checkpoint(path); });
   }
@@ -309,19 +333,23 @@ void bindPopulation(py::module_& m) {
                   "The bottom fraction copies a random one of the top fraction.")
       .def_static("tournament", &Policy::tournament,
                   "A random other member, copied when it scores strictly better.")
-      .def_static("custom", [](std::string name, py::object fn) {
-        const PyRef f = callable(std::move(fn), "Policy.custom");
-        return Policy::custom(std::move(name), [f](const PolicyInput& in, DecisionRng& rng) {
-          return withGil([&] {
-            const py::object r = (*f)(in, rngRef(rng));
-            if (!py::isinstance<py::int_>(r))
-              throw InvalidArgument(fmt::format("the policy must return a rank or -1, got {}",
-                                                typeName(r)));
-            return r.cast<int>();
-          });
-        });
-      }, "name"_a, "fn"_a, "fn(input: PolicyInput, rng: DecisionRng) -> donor rank or -1, in "
-                           "the member.")
+      .def_static(
+          "custom",
+          [](std::string name, py::object fn) {
+            const PyRef f = callable(std::move(fn), "Policy.custom");
+            return Policy::custom(std::move(name), [f](const PolicyInput& in, DecisionRng& rng) {
+              return withGil([&] {
+                const py::object r = (*f)(in, rngRef(rng));
+                if (!py::isinstance<py::int_>(r))
+                  throw InvalidArgument(
+                      fmt::format("the policy must return a rank or -1, got {}", typeName(r)));
+                return r.cast<int>();
+              });
+            });
+          },
+          "name"_a, "fn"_a,
+          "fn(input: PolicyInput, rng: DecisionRng) -> donor rank or -1, in "
+          "the member.")
       .def_property_readonly("name", &Policy::name)
       .def("__repr__", [](const Policy& p) { return "Policy(" + p.name() + ")"; });
 
@@ -348,9 +376,10 @@ void bindPopulation(py::module_& m) {
       .def_readonly("before", &CopyEvent::before)
       .def_readonly("after", &CopyEvent::after)
       .def("__repr__", [](const CopyEvent& e) {
-        return fmt::format("CopyEvent(step={}, worker={}, donor={}, score={:.6g}, "
-                           "donor_score={:.6g})", e.step, e.worker, e.donor, e.score,
-                           e.donor_score);
+        return fmt::format(
+            "CopyEvent(step={}, worker={}, donor={}, score={:.6g}, "
+            "donor_score={:.6g})",
+            e.step, e.worker, e.donor, e.score, e.donor_score);
       });
 
   py::class_<MemberSnapshot>(m, "MemberSnapshot", "A member's latest complete snapshot.")
@@ -362,7 +391,8 @@ void bindPopulation(py::module_& m) {
       .def_readonly("hyperparams", &MemberSnapshot::hyperparams)
       .def_property_readonly("parameters",
                              [](const MemberSnapshot& s) { return tensorList(s.parameters); })
-      .def_property_readonly("buffers", [](const MemberSnapshot& s) { return tensorList(s.buffers); })
+      .def_property_readonly("buffers",
+                             [](const MemberSnapshot& s) { return tensorList(s.buffers); })
       .def_property_readonly("optimizer_state",
                              [](const MemberSnapshot& s) { return py::bytes(s.optimizer_state); })
       .def("__repr__", [](const MemberSnapshot& s) {

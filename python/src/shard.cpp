@@ -23,9 +23,7 @@ namespace py = pybind11;
 
 namespace gradagg::python {
 
-std::string typeName(py::handle obj) {
-  return py::str(py::type::of(obj).attr("__name__"));
-}
+std::string typeName(py::handle obj) { return py::str(py::type::of(obj).attr("__name__")); }
 
 std::string describePythonError(py::error_already_set& e) {
   static constexpr std::size_t kRoom = 1000;
@@ -34,7 +32,8 @@ std::string describePythonError(py::error_already_set& e) {
   try {
     const py::object format = py::module_::import("traceback").attr("format_exception");
     for (py::handle line : format(e.type(), e.value(), e.trace())) trace += py::str(line);
-  } catch (const py::error_already_set&) {}
+  } catch (const py::error_already_set&) {
+  }
   const auto first_newline = head.find('\n');
   if (first_newline != std::string::npos) head.resize(first_newline);
   if (head.size() + 1 + trace.size() <= kRoom) return head + "\n" + trace;
@@ -59,14 +58,15 @@ std::map<std::string, double> metricsOf(py::handle obj) {
   std::map<std::string, double> out;
   for (auto [key, value] : obj.cast<py::dict>()) {
     if (!py::isinstance<py::str>(key))
-      throw std::invalid_argument(
-          fmt::format("metric names must be str, got {}", typeName(key)));
+      throw std::invalid_argument(fmt::format("metric names must be str, got {}", typeName(key)));
     const auto name = key.cast<std::string>();
     if (THPVariable_Check(value.ptr())) {
       const at::Tensor t = THPVariable_Unpack(value.ptr());
       if (t.numel() != 1)
-        throw std::invalid_argument(fmt::format("metric '{}' must be a number, got a tensor of "
-                                                "{} elements", name, t.numel()));
+        throw std::invalid_argument(
+            fmt::format("metric '{}' must be a number, got a tensor of "
+                        "{} elements",
+                        name, t.numel()));
       out[name] = t.item<double>();
     } else if (py::isinstance<py::int_>(value) || py::isinstance<py::float_>(value)) {
       out[name] = value.cast<double>();
@@ -109,7 +109,6 @@ ShardResult toShardResult(const py::object& r) {
 }
 
 }  // namespace
-
 
 // A step's message: {name: tensor, int or float}.
 Message messageOf(const py::dict& d) {

@@ -44,13 +44,13 @@
 #include "aggregator/run_cursor.h"
 #include "aggregator/step_errors.h"
 #include "aggregator/worker.h"
-#include "runtime/timeouts.h"
 #include "model/model_binding.h"
 #include "runtime/blas_warning.h"
 #include "runtime/control.h"
 #include "runtime/parent_share.h"
 #include "runtime/process.h"
 #include "runtime/segment.h"
+#include "runtime/timeouts.h"
 #include "step/layout.h"
 #include "step/message.h"
 #include "step/metrics.h"
@@ -82,7 +82,7 @@ struct Aggregator::Impl {
   ModelBinding binding;
   Topology topology;  // where the workers sit, and the reduction's second stage
   SegmentMap map;
-  std::optional<ReduceScatter> early_sum;          // the parent's sums of early buckets
+  std::optional<ReduceScatter> early_sum;  // the parent's sums of early buckets
   std::optional<SlotReader> slots;
   std::optional<MessageWriter> message;
   std::optional<MetricBook> metrics;
@@ -92,17 +92,17 @@ struct Aggregator::Impl {
   std::unique_ptr<Applier> apply;
   ProcessSet processes;
   ParentChannel channel;
-  ParentShare parent_share;      // the parent's threads and heap, restored at the end
-  int worker_threads = 1;        // intra-op threads per worker (the topology knows who shares the cores)
+  ParentShare parent_share;  // the parent's threads and heap, restored at the end
+  int worker_threads = 1;  // intra-op threads per worker (the topology knows who shares the cores)
 
   std::int64_t steps_done = 0;
-  RunCursor cursor;                       // the data's position; checkpoints' loads
-  std::optional<BatchPosition> step_at;   // the position of the step being run, if any
-  int identical_checks = 0;               // steps checked for identical gradients
+  RunCursor cursor;                      // the data's position; checkpoints' loads
+  std::optional<BatchPosition> step_at;  // the position of the step being run, if any
+  int identical_checks = 0;              // steps checked for identical gradients
   // Early buckets were sent when a wait for the workers failed: the other
   // groups saw the step fail, so this one cannot redo it with fresh workers.
   bool peers_saw_failure = false;
-  bool warned_identical = false;  // identical gradients were said (once per Aggregator)
+  bool warned_identical = false;       // identical gradients were said (once per Aggregator)
   std::vector<std::uint8_t> any_grad;  // per parameter, this step
   ResultPair results;
   StepReport report;
@@ -269,7 +269,8 @@ struct Aggregator::Impl {
     h.result_index = static_cast<std::uint32_t>(results.fresh());
     h.command_ns = nowNs();
     for (int b = 0; b < stage().buckets().early(); ++b)
-      h.bucket_lines[b].store(static_cast<std::uint32_t>(options.workers), std::memory_order_relaxed);
+      h.bucket_lines[b].store(static_cast<std::uint32_t>(options.workers),
+                              std::memory_order_relaxed);
     channel.command({{&h.computed, /*closed=*/true}, {&h.reduced}});
   }
 
@@ -442,7 +443,9 @@ BatchPosition Aggregator::position() const noexcept {
   }
   return impl_->cursor.position();
 }
-void Aggregator::shutdown() { if (impl_) impl_->shutdown(); }
+void Aggregator::shutdown() {
+  if (impl_) impl_->shutdown();
+}
 bool Aggregator::usable() const noexcept { return impl_ && impl_->channel.usable(); }
 int Aggregator::workers() const noexcept { return impl_ ? impl_->options.workers : 0; }
 // A checkpoint loaded into the model since the last step counts already.

@@ -56,8 +56,8 @@ class Applier {
   std::vector<at::Tensor> result_views_[2];  // per parameter, into each result
   RowMap row_map_;
   std::vector<std::uint8_t> touched_;  // a sparse parameter's rows, this step
-  std::vector<double> weights_;      // this step's, by rank
-  std::vector<const void*> inputs_;  // reused by the buffer mean
+  std::vector<double> weights_;        // this step's, by rank
+  std::vector<const void*> inputs_;    // reused by the buffer mean
 };
 
 }  // namespace gradagg::detail

@@ -78,8 +78,8 @@ void Options::validate() const {
   if (start_step < 0)
     throw InvalidArgument(fmt::format("Options.start_step: expected >= 0, got {}", start_step));
   if (message_bytes > (std::uint64_t{1} << 32))
-    throw InvalidArgument(fmt::format("Options.message_bytes: expected at most 4 GiB, got {}",
-                                      message_bytes));
+    throw InvalidArgument(
+        fmt::format("Options.message_bytes: expected at most 4 GiB, got {}", message_bytes));
   requireTimeout("shutdown_timeout", shutdown_timeout, true);
 }
 

@@ -65,9 +65,9 @@ void RunCursor::takeLoad(std::int64_t& steps_done, const Options& options, int n
 void RunCursor::check(const std::optional<BatchPosition>& at, std::int64_t steps_done) const {
   if (!at) return;
   if (at->epoch < 0 || at->index < 0)
-    throw InvalidArgument(fmt::format(
-        "gradagg: step(position) at batch {} of epoch {}: expected both >= 0", at->index,
-        at->epoch));
+    throw InvalidArgument(
+        fmt::format("gradagg: step(position) at batch {} of epoch {}: expected both >= 0",
+                    at->index, at->epoch));
   if (*at < position_)
     throw InvalidArgument(fmt::format(
         "gradagg: step(position) at batch {} of epoch {}, but the data are at batch {} of "

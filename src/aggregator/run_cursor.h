@@ -30,8 +30,7 @@ class RunCursor {
   // run cannot be the checkpoint's: across `nodes` > 1, or another torch seed.
   void takeLoad(std::int64_t& steps_done, const Options& options, int nodes);
   // That load, if it would be taken (for stepsDone() and position() at once).
-  std::optional<Resumed> pending(std::int64_t steps_done, const Options& options,
-                                 int nodes) const;
+  std::optional<Resumed> pending(std::int64_t steps_done, const Options& options, int nodes) const;
 
   // step(at)'s checks, before anything runs: InvalidArgument for a negative
   // position, one before position(), or any after a resume from a checkpoint
@@ -44,14 +43,13 @@ class RunCursor {
 
  private:
   void resumeAt(const Resumed& resumed);
-  bool refused(const Resumed& r, std::int64_t steps_done, const Options& options,
-               int nodes) const;
+  bool refused(const Resumed& r, std::int64_t steps_done, const Options& options, int nodes) const;
 
   const ModelView* model_ = nullptr;
-  BatchPosition position_;                // the data's next batch
-  bool from_checkpoint_ = false;          // position_ is a checkpoint's; no step since
-  bool without_position_ = false;         // resumed from a step > 0 saved at {0, 0}
-  bool seed_from_torch_ = false;          // Options::seed was unset: the parent's torch seed
+  BatchPosition position_;         // the data's next batch
+  bool from_checkpoint_ = false;   // position_ is a checkpoint's; no step since
+  bool without_position_ = false;  // resumed from a step > 0 saved at {0, 0}
+  bool seed_from_torch_ = false;   // Options::seed was unset: the parent's torch seed
 };
 
 }  // namespace gradagg::detail

@@ -3,8 +3,8 @@
 //
 // Set-up: check the header, make the snapshot and the message read-only in
 // this process (a write into the snapshot is reported before the SIGSEGV
-// kills the worker: runtime/write_fault.h), give the replica private buffers, point every parameter's .grad at this worker's
-// slot (SlotWriter::bind) and hook the early buckets' gradients
+// kills the worker: runtime/write_fault.h), give the replica private buffers, point every
+// parameter's .grad at this worker's slot (SlotWriter::bind) and hook the early buckets' gradients
 // (BucketReadiness), then arrive on `reduced`.
 //
 // A step:
@@ -231,7 +231,8 @@ class Worker final : public ServedWorker {
   void loadSnapshot() {
     enter(Phase::kLoadingSnapshot);
     if (s_.options->seed_workers)
-      at::manual_seed(workerSeed(*s_.options->seed, s_.ranks.global_offset + s_.rank, header_.step));
+      at::manual_seed(
+          workerSeed(*s_.options->seed, s_.ranks.global_offset + s_.rank, header_.step));
     const bool training = header_.training != 0;
     const ModelView& m = *s_.model;
     if (m.set_training && (!m.is_training || m.is_training() != training)) m.set_training(training);

@@ -34,9 +34,9 @@ struct WorkerSetup {
   const ModelView* model = nullptr;  // the replica
   const ShardFn* shard = nullptr;
   const Options* options = nullptr;
-  WeightRule weights;             // the step's weighting, for the closer
-  ByteRange range;                // this worker's range of the flat gradient
-  std::uint32_t start_seq = 0;    // command_seq when this worker was forked
+  WeightRule weights;           // the step's weighting, for the closer
+  ByteRange range;              // this worker's range of the flat gradient
+  std::uint32_t start_seq = 0;  // command_seq when this worker was forked
   pid_t parent = 0;
   WorkerRanks ranks;
   const BucketPlan* buckets = nullptr;  // early() > 0: take the bucket lines

@@ -87,7 +87,9 @@ std::string joinNames(const ModelView& model) {
 }  // namespace
 
 Checkpoint::Checkpoint(std::string path, Access access)
-    : path_(std::move(path)), access_(access), writer_(std::make_shared<detail::CheckpointWriter>()) {
+    : path_(std::move(path)),
+      access_(access),
+      writer_(std::make_shared<detail::CheckpointWriter>()) {
   if (access_ == Access::kReadWrite) {
     detail::checkWritable(path_);
     lock_ = std::make_shared<const CheckpointLock>(path_);
@@ -224,8 +226,8 @@ void checkSettings(const std::map<std::string, std::string>& theirs,
   }
   for (const auto& [key, value] : theirs)
     if (mine.count(key) == 0)
-      fail(path, fmt::format("was written with {} = {}, this run does not set {}", key, value,
-                             key));
+      fail(path,
+           fmt::format("was written with {} = {}, this run does not set {}", key, value, key));
 }
 
 // Every saved tensor must have its model tensor's shape and dtype.
@@ -233,10 +235,10 @@ void checkShapes(const ModelView& model, const Saved& saved, const std::string& 
   auto check = [&](const NamedTensor& mine, const at::Tensor& theirs) {
     if (!theirs.sizes().equals(mine.tensor.sizes()) ||
         theirs.scalar_type() != mine.tensor.scalar_type())
-      fail(path, fmt::format("'{}' is {} there, {} in this model", mine.name,
-                             detail::describeShape(theirs.sizes(), theirs.scalar_type()),
-                             detail::describeShape(mine.tensor.sizes(),
-                                                   mine.tensor.scalar_type())));
+      fail(path,
+           fmt::format("'{}' is {} there, {} in this model", mine.name,
+                       detail::describeShape(theirs.sizes(), theirs.scalar_type()),
+                       detail::describeShape(mine.tensor.sizes(), mine.tensor.scalar_type())));
   };
   for (std::size_t i = 0; i < saved.params.size(); ++i) check(model.parameters[i], saved.params[i]);
   for (std::size_t i = 0; i < saved.buffers.size(); ++i) check(model.buffers[i], saved.buffers[i]);

@@ -114,8 +114,8 @@ std::string liveHolderOf(int fd) {
   const std::string here = hostName();
   const std::string text = readAll(fd);
   const std::string pid = field(text, "pid"), host = field(text, "host");
-  const bool parsed = !pid.empty() && pid.size() <= 9 &&
-                      pid.find_first_not_of("0123456789") == std::string::npos;
+  const bool parsed =
+      !pid.empty() && pid.size() <= 9 && pid.find_first_not_of("0123456789") == std::string::npos;
   if (!parsed) return "";
   if (!host.empty() && host != here) return fmt::format("process {} on host {}", pid, host);
   if (::kill(std::stoi(pid), 0) == 0 || errno != ESRCH) return fmt::format("process {}", pid);
@@ -161,8 +161,8 @@ CheckpointLock::CheckpointLock(const std::string& checkpoint_path) {
     if (fd < 0 || ::fstat(fd, &st) != 0) {
       const int err = errno;
       if (fd >= 0) ::close(fd);
-      fail(checkpoint_path, fmt::format("its lock {} cannot be opened: {}", lock_path,
-                                        std::strerror(err)));
+      fail(checkpoint_path,
+           fmt::format("its lock {} cannot be opened: {}", lock_path, std::strerror(err)));
     }
     // This process holds it already: share it.
     for (auto& [key, held] : g_held) {
@@ -182,8 +182,7 @@ CheckpointLock::CheckpointLock(const std::string& checkpoint_path) {
       }
       ::close(fd);
       if (err != EWOULDBLOCK)
-        fail(checkpoint_path,
-             fmt::format("locking {} failed: {}", lock_path, std::strerror(err)));
+        fail(checkpoint_path, fmt::format("locking {} failed: {}", lock_path, std::strerror(err)));
       fail(checkpoint_path,
            fmt::format("is being written by {} (its lock {}); wait for it to end or write "
                        "another path",

@@ -13,8 +13,8 @@
 #include <filesystem>
 #include <utility>
 
-#include <boost/crc.hpp>
 #include <fmt/format.h>
+#include <boost/crc.hpp>
 
 #include <gradagg/checkpoint.h>
 
@@ -107,8 +107,7 @@ void removeOrphans(const std::string& path) {
     const pid_t pid = static_cast<pid_t>(std::stol(digits));
     if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
     struct stat st {};
-    if (!locked &&
-        (::stat(it->path().c_str(), &st) != 0 || ::time(nullptr) - st.st_mtime < 600))
+    if (!locked && (::stat(it->path().c_str(), &st) != 0 || ::time(nullptr) - st.st_mtime < 600))
       continue;
     ::unlink(it->path().c_str());
   }

@@ -35,7 +35,8 @@ void throwUnknownSize() {
       "dataset); sharded batches need a map-style dataset of known size");
 }
 
-BatchPlan::BatchPlan(std::size_t dataset_size, std::size_t batch_size, ShardedBatchesOptions options)
+BatchPlan::BatchPlan(std::size_t dataset_size, std::size_t batch_size,
+                     ShardedBatchesOptions options)
     : size_(dataset_size), batch_(batch_size), options_(options) {
   if (batch_size == 0)
     throw InvalidArgument("gradagg::data::ShardedBatches: batch_size 0, expected >= 1");
@@ -51,8 +52,7 @@ BatchPlan::BatchPlan(std::size_t dataset_size, std::size_t batch_size, ShardedBa
 }
 
 std::int64_t BatchPlan::epoch(std::int64_t step) const {
-  if (step < 0)
-    throw InvalidArgument(fmt::format("gradagg::data: step {}, expected >= 0", step));
+  if (step < 0) throw InvalidArgument(fmt::format("gradagg::data: step {}, expected >= 0", step));
   return step / steps_per_epoch_;
 }
 
@@ -62,7 +62,8 @@ const std::vector<std::int64_t>& BatchPlan::order(std::int64_t epoch) const {
   at::Tensor perm;
   if (options_.shuffle) {
     // torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch)).
-    at::Generator gen = at::detail::createCPUGenerator(options_.seed + static_cast<std::uint64_t>(epoch));
+    at::Generator gen =
+        at::detail::createCPUGenerator(options_.seed + static_cast<std::uint64_t>(epoch));
     perm = at::randperm(n, gen, at::TensorOptions().dtype(at::kLong));
   } else {
     perm = at::arange(n, at::TensorOptions().dtype(at::kLong));
@@ -82,17 +83,19 @@ std::vector<BatchPosition> BatchPlan::steps(std::int64_t epoch, BatchPosition st
   if (epoch < 0)
     throw InvalidArgument(fmt::format("gradagg::data: epoch {}, expected >= 0", epoch));
   std::int64_t first = 0;
-  if (start.epoch > epoch) first = steps_per_epoch_;
-  else if (start.epoch == epoch) first = std::clamp<std::int64_t>(start.index, 0, steps_per_epoch_);
+  if (start.epoch > epoch)
+    first = steps_per_epoch_;
+  else if (start.epoch == epoch)
+    first = std::clamp<std::int64_t>(start.index, 0, steps_per_epoch_);
   std::vector<BatchPosition> out;
   out.reserve(static_cast<std::size_t>(steps_per_epoch_ - first));
   for (std::int64_t i = first; i < steps_per_epoch_; ++i) out.push_back({epoch, i});
   return out;
 }
 
-std::pair<std::size_t, std::size_t> BatchPlan::part(const BatchPosition& position,
-                                                    int global_rank, int global_workers,
-                                                    int micro_step, int micro_steps) const {
+std::pair<std::size_t, std::size_t> BatchPlan::part(const BatchPosition& position, int global_rank,
+                                                    int global_workers, int micro_step,
+                                                    int micro_steps) const {
   checkPart("worker", global_rank, global_workers);
   checkPart("micro-batch", micro_step, micro_steps);
   if (position.epoch < 0 || position.index < 0 || position.index >= steps_per_epoch_)

@@ -13,7 +13,6 @@
 
 #include <gradagg/model.h>
 
-
 namespace gradagg::detail {
 
 struct TensorEntry {

@@ -15,7 +15,7 @@
 namespace gradagg::detail::pop {
 
 void saveMembers(const std::string& path, const std::vector<MemberSnapshot>& members,
-               const std::vector<std::string>& hp_names) {
+                 const std::vector<std::string>& hp_names) {
   torch::serialize::OutputArchive root;
   root.write("format", c10::IValue(std::string(kPopulationFormat)));
   root.write("workers", at::tensor(static_cast<std::int64_t>(members.size())));
@@ -85,16 +85,15 @@ void loadMember(torch::serialize::InputArchive& a, const std::string& path, int 
               a.read(fmt::format("b{}", k), t, true);
               viewAt(binding.buffers()[k], layout.buffersIn(p)).copy_(t);
             }
-            if (opt.numel() > 0)
-              std::memcpy(layout.optimizerIn(p), opt.data_ptr(), opt.numel());
+            if (opt.numel() > 0) std::memcpy(layout.optimizerIn(p), opt.data_ptr(), opt.numel());
           },
           {});
 }
 }  // namespace
 
 void loadMembers(const std::string& path, int workers, const std::vector<std::string>& hp_names,
-               const ModelBinding& binding, const PopLayout& layout,
-               const std::function<MemberArea(int)>& area) {
+                 const ModelBinding& binding, const PopLayout& layout,
+                 const std::function<MemberArea(int)>& area) {
   torch::serialize::InputArchive root;
   const std::string payload = readVerified(path);
   at::Tensor stored;

@@ -31,11 +31,11 @@
 
 #include <gradagg/blas.h>
 
+#include "population/member.h"
 #include "runtime/control.h"
 #include "runtime/heap.h"
 #include "runtime/serve.h"
 #include "runtime/test_seam.h"
-#include "population/member.h"
 
 namespace gradagg::detail::pop {
 

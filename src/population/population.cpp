@@ -24,13 +24,13 @@
 #include <gradagg/options.h>
 
 #include "checkpoint/durable_file.h"
+#include "population/checkpoint.h"
+#include "population/member.h"
 #include "runtime/blas_warning.h"
 #include "runtime/check.h"
 #include "runtime/control.h"
 #include "runtime/process.h"
 #include "runtime/segment.h"
-#include "population/checkpoint.h"
-#include "population/member.h"
 #include "runtime/timeouts.h"
 
 namespace gradagg {
@@ -93,7 +93,8 @@ struct Population::Impl {
       throw InvalidArgument(
           "PopulationFns: make_optimizer, hyperparams, train_step and score "
           "are required");
-    binding = std::make_unique<ModelBinding>(view);  // lists tensors; never adopt(): weights stay private
+    binding =
+        std::make_unique<ModelBinding>(view);  // lists tensors; never adopt(): weights stay private
     drawHyperparams();
     mapSegment();
     if (!options.lineage_path.empty()) openLineage();
@@ -156,9 +157,9 @@ struct Population::Impl {
     const int threads = options.threads_per_worker > 0 ? options.threads_per_worker
                                                        : std::max(1, availableCores() / n);
     for (int r = 0; r < n; ++r)
-      setups.push_back(MemberSetup{r, segment.base(), layout, binding.get(), model, &fns,
-                                   &options, &hp_names, initial_hp[static_cast<std::size_t>(r)],
-                                   0, ::getpid(), threads});
+      setups.push_back(MemberSetup{r, segment.base(), layout, binding.get(), model, &fns, &options,
+                                   &hp_names, initial_hp[static_cast<std::size_t>(r)], 0,
+                                   ::getpid(), threads});
     std::vector<WorkerWords> words;
     for (int r = 0; r < n; ++r)
       words.push_back({&area(r).control->phase, &area(r).control->done_seq});
@@ -240,8 +241,13 @@ struct Population::Impl {
     for (int r = 0; r < options.workers; ++r) {
       const MemberControl& c = *area(r).control;
       if (c.copied == 0) continue;
-      CopyEvent e{c.copy_step,   r,           c.donor, c.donor_version,
-                  c.own_score,   c.donor_score, hpFromArray(c.hp_before, hp_names),
+      CopyEvent e{c.copy_step,
+                  r,
+                  c.donor,
+                  c.donor_version,
+                  c.own_score,
+                  c.donor_score,
+                  hpFromArray(c.hp_before, hp_names),
                   hpFromArray(c.hp_after, hp_names)};
       if (lineage_fd >= 0) writeLineage(e);
       events.push_back(std::move(e));
@@ -261,10 +267,10 @@ struct Population::Impl {
     const std::string line = j.dump() + "\n";
     const ssize_t written = ::write(lineage_fd, line.data(), line.size());
     if (written != static_cast<ssize_t>(line.size()))
-      throw FileError(fmt::format("gradagg: writing the lineage file {} failed: {}",
-                                  options.lineage_path,
-                                  written < 0 ? std::strerror(errno) : "short write (disk full?)"),
-                      options.lineage_path);
+      throw FileError(
+          fmt::format("gradagg: writing the lineage file {} failed: {}", options.lineage_path,
+                      written < 0 ? std::strerror(errno) : "short write (disk full?)"),
+          options.lineage_path);
   }
 
   MemberSnapshot snapshot(int rank) const {
@@ -277,8 +283,9 @@ struct Population::Impl {
     const auto used = [&](const MetaValues& v) { return usedPayload(layout, v); };
     if (!read(area(rank), &m, buf, used, options.max_read_retries))
       throw InternalError(fmt::format("gradagg: no consistent snapshot of member {}", rank));
-    MemberSnapshot s{rank,    m.version, m.step, m.last_copy_step, m.score,
-                     hpFromArray(m.hp, hp_names), {}, {}, {}};
+    MemberSnapshot s{
+        rank, m.version, m.step, m.last_copy_step, m.score, hpFromArray(m.hp, hp_names),
+        {},   {},        {}};
     for (const auto& e : binding->params()) s.parameters.push_back(viewAt(e, buf).clone());
     for (const auto& e : binding->buffers())
       s.buffers.push_back(viewAt(e, layout.buffersIn(buf)).clone());

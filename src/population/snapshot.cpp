@@ -3,8 +3,8 @@
 #include <cstring>
 #include <functional>
 
-#include "runtime/check.h"
 #include "population/layout.h"
+#include "runtime/check.h"
 
 namespace gradagg::detail::pop {
 

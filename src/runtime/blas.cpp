@@ -85,7 +85,8 @@ using GetLong = long (*)();
 
 std::string BlasInfo::describe() const {
   if (library.empty()) return "no BLAS found (LibTorch's sgemm_ is not loaded)";
-  std::string threads_text = threads > 0 ? fmt::format(", {} thread{}", threads, threads == 1 ? "" : "s") : "";
+  std::string threads_text =
+      threads > 0 ? fmt::format(", {} thread{}", threads, threads == 1 ? "" : "s") : "";
   return fmt::format("{} ({}{}) {}", vendor, threading, threads_text, library);
 }
 
@@ -107,7 +108,10 @@ BlasInfo blasInfo() {
     b.library = definingObject(reinterpret_cast<void*>(config), b.library);
     const auto parallel = entry<GetInt>("openblas_get_parallel");
     const int mode = parallel ? parallel() : -1;
-    b.threading = mode == 0 ? "sequential" : mode == 1 ? "pthreads" : mode == 2 ? "openmp" : "unknown";
+    b.threading = mode == 0   ? "sequential"
+                  : mode == 1 ? "pthreads"
+                  : mode == 2 ? "openmp"
+                              : "unknown";
     if (mode == 0) {
       b.threads = 1;
     } else if (mode == 2) {
@@ -125,7 +129,8 @@ BlasInfo blasInfo() {
     b.vendor = "blis";
     b.config = blis();
     b.threading = "unknown";
-    if (auto get = entry<GetLong>("bli_thread_get_num_threads")) b.threads = static_cast<int>(get());
+    if (auto get = entry<GetLong>("bli_thread_get_num_threads"))
+      b.threads = static_cast<int>(get());
   } else if (b.library.find("libblas.so") != std::string::npos) {  // netlib's, no vendor entries
     b.vendor = "reference";
     b.threading = "sequential";

@@ -194,7 +194,8 @@ void ParentChannel::stop(const std::string& reason) noexcept {
   if (usable_) {
     try {
       reason_ = reason;
-    } catch (...) {}
+    } catch (...) {
+    }
   }
   usable_ = false;
 }
@@ -206,7 +207,8 @@ void ParentChannel::shutdown(const std::function<void()>& stop_command,
     try {
       stop_command();
       processes_->waitAll(grace);
-    } catch (...) {}
+    } catch (...) {
+    }
   }
   stop("it was shut down");
 }

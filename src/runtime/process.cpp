@@ -41,17 +41,20 @@ std::string ProcessExit::describe() const {
     case kExitParentLost:
       return fmt::format("exited with status {}: its parent was gone", exit_status);
     case kExitParentGone:
-      return fmt::format("exited with status {}: it could not start (its parent was gone, or "
-                         "prctl(PR_SET_PDEATHSIG) failed)",
-                         exit_status);
+      return fmt::format(
+          "exited with status {}: it could not start (its parent was gone, or "
+          "prctl(PR_SET_PDEATHSIG) failed)",
+          exit_status);
     case kExitThrew:
-      return fmt::format("exited with status {}: it failed with an error (printed on its "
-                         "stderr)",
-                         exit_status);
+      return fmt::format(
+          "exited with status {}: it failed with an error (printed on its "
+          "stderr)",
+          exit_status);
     case kExitNoThread:
-      return fmt::format("exited with status {}: it could not start a thread (a process or "
-                         "thread limit such as ulimit -u / RLIMIT_NPROC, or no memory)",
-                         exit_status);
+      return fmt::format(
+          "exited with status {}: it could not start a thread (a process or "
+          "thread limit such as ulimit -u / RLIMIT_NPROC, or no memory)",
+          exit_status);
     default:
       return fmt::format("exited with status {}", exit_status);
   }
@@ -104,7 +107,8 @@ bool armParentDeath(pid_t parent) {
   }
   try {
     if (hooks.before_child_exit) hooks.before_child_exit();
-  } catch (...) {}
+  } catch (...) {
+  }
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);
@@ -124,10 +128,10 @@ pid_t forkChild(const std::function<int()>& body) {
   const int fork_errno = errno;
   if (hooks.after_fork_parent) hooks.after_fork_parent();
   if (pid < 0)
-    throw fmt::system_error(fork_errno, "gradagg: fork failed{}",
-                            fork_errno == EAGAIN
-                                ? " (a process limit such as ulimit -u / RLIMIT_NPROC, or no memory)"
-                                : "");
+    throw fmt::system_error(
+        fork_errno, "gradagg: fork failed{}",
+        fork_errno == EAGAIN ? " (a process limit such as ulimit -u / RLIMIT_NPROC, or no memory)"
+                             : "");
   return pid;
 }
 }  // namespace
@@ -146,7 +150,8 @@ pid_t ProcessSet::respawn(std::size_t i, const std::function<int()>& body) {
     int status = 0;
     const pid_t r = [&] {
       pid_t got;
-      while ((got = ::waitpid(c.pid, &status, 0)) < 0 && errno == EINTR) {}
+      while ((got = ::waitpid(c.pid, &status, 0)) < 0 && errno == EINTR) {
+      }
       return got;
     }();
     // Reaped: should the fork below fail, this pid is never signalled again.

@@ -15,12 +15,11 @@ BucketPlan cut(const ModelBinding& binding, const std::vector<std::size_t>& by_o
   c10::ScalarType open_dtype = c10::ScalarType::Undefined;
   std::uint64_t open_bytes = 0;
   bool open = false;
-  std::uint64_t limit = first_bytes;  // of the open bucket
+  std::uint64_t limit = first_bytes;       // of the open bucket
   for (const std::size_t k : by_offset) {  // from the end of the flat gradient
     const TensorEntry& p = params[k];
     // A parameter without a gradient never opens a bucket of its own.
-    if (open && (p.dtype != open_dtype || (open_bytes >= limit && p.requires_grad)))
-      open = false;
+    if (open && (p.dtype != open_dtype || (open_bytes >= limit && p.requires_grad))) open = false;
     if (!open) {
       limit = p.dtype != open_dtype ? first_bytes : bucket_bytes;
       if (p.dtype != open_dtype) ++plan.dtype_runs;
@@ -50,9 +49,8 @@ BucketPlan planBuckets(const ModelBinding& binding, std::uint64_t first_bytes,
   const auto& params = binding.params();
   std::vector<std::size_t> by_offset(params.size());
   std::iota(by_offset.begin(), by_offset.end(), 0);
-  std::sort(by_offset.begin(), by_offset.end(), [&](std::size_t a, std::size_t b) {
-    return params[a].offset > params[b].offset;
-  });
+  std::sort(by_offset.begin(), by_offset.end(),
+            [&](std::size_t a, std::size_t b) { return params[a].offset > params[b].offset; });
   first_bytes = std::max<std::uint64_t>(first_bytes, 1);
   bucket_bytes = std::max<std::uint64_t>(bucket_bytes, 1);
   BucketPlan plan = cut(binding, by_offset, first_bytes, bucket_bytes);

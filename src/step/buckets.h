@@ -24,10 +24,10 @@
 namespace gradagg::detail {
 
 struct BucketPlan {
-  std::vector<ByteRange> ranges;  // in the order they cross: bucket 0 first
+  std::vector<ByteRange> ranges;        // in the order they cross: bucket 0 first
   std::vector<c10::ScalarType> dtypes;  // of each bucket
-  std::vector<int> of_param;      // bucket of each parameter (binding order); -1 without a gradient
-  int dtype_runs = 0;             // contiguous runs of one dtype (float32, float64, ...)
+  std::vector<int> of_param;  // bucket of each parameter (binding order); -1 without a gradient
+  int dtype_runs = 0;         // contiguous runs of one dtype (float32, float64, ...)
   bool overlap = false;
 
   int size() const { return static_cast<int>(ranges.size()); }

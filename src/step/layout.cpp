@@ -32,15 +32,14 @@ bool Layout::operator==(const Layout& o) const {
          sizes.buffer_count == o.sizes.buffer_count && sizes.param_bytes == o.sizes.param_bytes &&
          sizes.buffer_bytes == o.sizes.buffer_bytes && sizes.tail_bytes == o.sizes.tail_bytes &&
          sizes.message_bytes == o.sizes.message_bytes && sizes.row_bytes == o.sizes.row_bytes &&
-         control_offset == o.control_offset &&
-         weights_offset == o.weights_offset && message_offset == o.message_offset &&
-         snapshot_offset == o.snapshot_offset &&
+         control_offset == o.control_offset && weights_offset == o.weights_offset &&
+         message_offset == o.message_offset && snapshot_offset == o.snapshot_offset &&
          snapshot_buffers_offset == o.snapshot_buffers_offset &&
          result_offset[0] == o.result_offset[0] && result_offset[1] == o.result_offset[1] &&
          result_bytes == o.result_bytes && slots_offset == o.slots_offset &&
          slot_bytes == o.slot_bytes && slot_flags_offset == o.slot_flags_offset &&
-         slot_rows_offset == o.slot_rows_offset &&
-         slot_buffers_offset == o.slot_buffers_offset && segment_bytes == o.segment_bytes;
+         slot_rows_offset == o.slot_rows_offset && slot_buffers_offset == o.slot_buffers_offset &&
+         segment_bytes == o.segment_bytes;
 }
 
 void initHeader(void* base, const Layout& layout, std::size_t page_bytes) {

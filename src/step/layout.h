@@ -84,11 +84,11 @@ struct LayoutSizes {
   std::uint32_t workers = 0;
   std::uint32_t param_count = 0;
   std::uint32_t buffer_count = 0;
-  std::uint64_t param_bytes = 0;   // sum of aligned parameter sizes
-  std::uint64_t buffer_bytes = 0;  // sum of aligned buffer sizes
-  std::uint64_t tail_bytes = 0;    // the stage tail after each result (ReductionStage::tailBytes)
-  std::uint64_t message_bytes = 0; // room for a step's message (Options::message_bytes, aligned)
-  std::uint64_t row_bytes = 0;     // a slot's rows: the parameters' first dimensions (aligned)
+  std::uint64_t param_bytes = 0;    // sum of aligned parameter sizes
+  std::uint64_t buffer_bytes = 0;   // sum of aligned buffer sizes
+  std::uint64_t tail_bytes = 0;     // the stage tail after each result (ReductionStage::tailBytes)
+  std::uint64_t message_bytes = 0;  // room for a step's message (Options::message_bytes, aligned)
+  std::uint64_t row_bytes = 0;      // a slot's rows: the parameters' first dimensions (aligned)
 };
 
 // Offsets of every region, all derived from LayoutSizes by plan().
@@ -96,7 +96,7 @@ struct Layout {
   LayoutSizes sizes;
   std::uint64_t control_offset = 0;
   std::uint64_t weights_offset = 0;
-  std::uint64_t message_offset = 0;  // message_bytes, rounded up to pages
+  std::uint64_t message_offset = 0;   // message_bytes, rounded up to pages
   std::uint64_t snapshot_offset = 0;  // parameters, then buffers at snapshot_buffers_offset
   std::uint64_t snapshot_buffers_offset = 0;
   std::uint64_t result_offset[2] = {0, 0};
@@ -133,7 +133,7 @@ struct alignas(kAlign) Header {
   std::int64_t step;           // the step number the shard functions are told
   std::int64_t epoch;          // the step's BatchPosition (step(position)), or -1: none
   std::int64_t batch_index;
-  std::int64_t command_ns;     // CLOCK_MONOTONIC when the command was issued (for wake_ms)
+  std::int64_t command_ns;  // CLOCK_MONOTONIC when the command was issued (for wake_ms)
 
   // ---- computed line. Set to N + 1 by the parent before it bumps command_seq;
   // each worker takes one (acq_rel) when its slot and WorkerControl are
@@ -229,8 +229,7 @@ struct SlotWeight {
 };
 
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
-static_assert(std::atomic<std::int64_t>::is_always_lock_free,
-              "written from a signal handler");
+static_assert(std::atomic<std::int64_t>::is_always_lock_free, "written from a signal handler");
 static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t),
               "futex words must be plain 32-bit integers");
 static_assert(sizeof(Header) % kAlign == 0 && sizeof(WorkerControl) % kAlign == 0);

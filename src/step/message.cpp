@@ -49,8 +49,9 @@ const at::Tensor& Message::at(const std::string& name) const {
   if (const Entry* e = find(name)) return e->tensor;
   std::vector<std::string> names;
   for (const Entry& e : entries_) names.push_back("'" + e.name + "'");
-  throw InvalidArgument(fmt::format("the step's message has no '{}' (it has {})", name,
-                                    names.empty() ? "nothing" : fmt::format("{}", fmt::join(names, ", "))));
+  throw InvalidArgument(
+      fmt::format("the step's message has no '{}' (it has {})", name,
+                  names.empty() ? "nothing" : fmt::format("{}", fmt::join(names, ", "))));
 }
 
 }  // namespace gradagg
@@ -70,9 +71,9 @@ void checkEntry(const Message::Entry& e) {
   if (!t.defined())
     throw InvalidArgument(fmt::format("message entry '{}': an undefined tensor", e.name));
   if (!t.device().is_cpu() || t.layout() != at::kStrided)
-    throw InvalidArgument(fmt::format(
-        "message entry '{}': expected a dense CPU tensor, got a {} tensor on {}", e.name,
-        t.is_sparse() ? "sparse" : "non-strided", t.device().str()));
+    throw InvalidArgument(
+        fmt::format("message entry '{}': expected a dense CPU tensor, got a {} tensor on {}",
+                    e.name, t.is_sparse() ? "sparse" : "non-strided", t.device().str()));
   if (t.dim() > Message::kMaxDims)
     throw InvalidArgument(fmt::format("message entry '{}': {} dimensions, at most {} travel",
                                       e.name, t.dim(), Message::kMaxDims));
@@ -135,10 +136,11 @@ void readMessage(const std::byte* region, Message& out) {
   for (std::uint32_t i = 0; i < table->count; ++i) {
     const MessageEntry& e = entries[i];
     const auto dtype = static_cast<c10::ScalarType>(e.dtype);
-    at::Tensor view = at::from_blob(const_cast<std::byte*>(region + e.offset),
-                                    at::IntArrayRef(e.sizes, e.dims), at::TensorOptions().dtype(dtype));
-    out.set(Message::Entry{std::string(e.name, ::strnlen(e.name, sizeof(e.name))),
-                           std::move(view), e.number != 0});
+    at::Tensor view =
+        at::from_blob(const_cast<std::byte*>(region + e.offset), at::IntArrayRef(e.sizes, e.dims),
+                      at::TensorOptions().dtype(dtype));
+    out.set(Message::Entry{std::string(e.name, ::strnlen(e.name, sizeof(e.name))), std::move(view),
+                           e.number != 0});
   }
 }
 

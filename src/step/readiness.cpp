@@ -40,9 +40,8 @@ BucketReadiness::BucketReadiness(ModelBinding& binding, const SlotWriter& slot,
     if (b < 0 || b >= early_ || !params[k].requires_grad) continue;
     ++pending_of_[static_cast<std::size_t>(b)];
     auto accumulator = torch::autograd::impl::grad_accumulator(params[k].tensor);
-    accumulator->add_post_hook(std::make_unique<AfterAccumulate>([this, k, b] {
-      accumulated(k, b);
-    }));
+    accumulator->add_post_hook(
+        std::make_unique<AfterAccumulate>([this, k, b] { accumulated(k, b); }));
     accumulators_.push_back(std::move(accumulator));
   }
 }

@@ -50,10 +50,10 @@ class BucketReadiness {
   std::atomic<std::uint32_t>* lines_;
   WorkerChannel& channel_;
   int early_ = 0;
-  std::vector<int> pending_of_;  // each early bucket's hooked parameters
-  std::vector<int> pending_;     // of them, those still without this step's gradient
+  std::vector<int> pending_of_;        // each early bucket's hooked parameters
+  std::vector<int> pending_;           // of them, those still without this step's gradient
   std::vector<std::uint8_t> counted_;  // per parameter: accumulated in this backward already
-  int next_ = 0;                 // the next line to take
+  int next_ = 0;                       // the next line to take
   bool armed_ = false;
   std::vector<std::shared_ptr<void>> accumulators_;  // the variables hold them weakly
 };

@@ -28,9 +28,9 @@ struct SlotCounts {
 };
 
 struct WeightRule {
-  bool equal = false;         // Weighting::kEqual
-  int micro_steps = 1;        // Options::accumulation_steps
-  bool divided_later = false; // w_i unnormalised: a later stage divides by D
+  bool equal = false;          // Weighting::kEqual
+  int micro_steps = 1;         // Options::accumulation_steps
+  bool divided_later = false;  // w_i unnormalised: a later stage divides by D
 
   // Every slot's weight and factor for these counts; returns D.
   double apply(const SlotCounts* counts, int n, SlotWeight* out) const;

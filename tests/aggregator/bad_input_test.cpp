@@ -48,10 +48,13 @@ TEST_F(Behaviour, HugeTimeoutsSaturateInsteadOfOverflowing) {
   o.shutdown_timeout = std::chrono::milliseconds::max();
   o.nodes.timeout = std::chrono::milliseconds(10'000'000'000'000);
   auto fn = shardFn(*model, data, shardBounds(8, 2, false));
-  gradagg::Aggregator agg(*model, [&](const gradagg::ShardContext& c) {
-    if (c.step == 2 && c.rank == 1) throw std::runtime_error("bad record");
-    return fn(c);
-  }, o);
+  gradagg::Aggregator agg(
+      *model,
+      [&](const gradagg::ShardContext& c) {
+        if (c.step == 2 && c.rank == 1) throw std::runtime_error("bad record");
+        return fn(c);
+      },
+      o);
   EXPECT_NO_THROW(agg.step());
   EXPECT_NO_THROW(agg.step());
   expectThrows<gradagg::WorkerFailed>([&] { agg.step(); }, "bad record");

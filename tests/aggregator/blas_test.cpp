@@ -64,8 +64,8 @@ TEST_F(Behaviour, AWorkersBlasThreadsAreItsPlacedCount) {
           bigProduct();  // the pool as it is after a gemm
           const gradagg::BlasInfo b = gradagg::blasInfo();
           if (b.fast() && b.threads != threads)
-            throw std::runtime_error(fmt::format("BLAS threads {}, placed {}: {}", b.threads,
-                                                 threads, b.describe()));
+            throw std::runtime_error(
+                fmt::format("BLAS threads {}, placed {}: {}", b.threads, threads, b.describe()));
           if (at::get_num_threads() != threads)
             throw std::runtime_error(fmt::format("intra-op threads {}", at::get_num_threads()));
           return inner(c);

@@ -30,7 +30,8 @@ TEST_F(Behaviour, EveryWorkerThatFailedIsNamedTheFirstInFull) {
     const std::string what = e->what();
     EXPECT_EQ(e->rank(), 1);
     EXPECT_EQ(e->message(), "bad record 17\nfirst line of its detail");
-    EXPECT_TRUE(has(what, "worker 1 failed in phase 'shard function' of step 0: bad record 17\nfirst line"))
+    EXPECT_TRUE(
+        has(what, "worker 1 failed in phase 'shard function' of step 0: bad record 17\nfirst line"))
         << what;
     EXPECT_TRUE(has(what, "worker 3 failed too, in phase 'shard function': bad record 99")) << what;
     EXPECT_FALSE(has(what, "worker 0 failed")) << what;
@@ -68,8 +69,8 @@ TEST_F(Behaviour, AShardFunctionThatRunsBackwardItselfIsToldGradaggDoes) {
         return gradagg::ShardResult{loss, 8};
       },
       opts(2));
-  if (const auto e = expectThrows<gradagg::WorkerFailed>([&] { agg.step(); },
-                                                         "ran backward() itself")) {
+  if (const auto e =
+          expectThrows<gradagg::WorkerFailed>([&] { agg.step(); }, "ran backward() itself")) {
     EXPECT_TRUE(has(e->what(), "return the loss instead")) << e->what();
   }
   EXPECT_TRUE(agg.usable());
@@ -90,8 +91,8 @@ TEST_F(Behaviour, AWorkerKilledForWritingAParameterIsToldWhichAndThatTheyAreRead
         return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), 8};
       },
       opts(2));
-  if (const auto e = expectThrows<gradagg::WorkerDied>([&] { agg.step(); },
-                                                       "parameter '" + target + "'")) {
+  if (const auto e =
+          expectThrows<gradagg::WorkerDied>([&] { agg.step(); }, "parameter '" + target + "'")) {
     EXPECT_EQ(e->signal(), SIGSEGV);
     EXPECT_TRUE(has(e->what(), "read-only in workers")) << e->what();
   }

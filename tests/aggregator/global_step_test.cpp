@@ -45,9 +45,8 @@ TEST_F(Behaviour, ANegativeStartStepIsAnInvalidArgumentNamingTheField) {
   auto o = opts(1);
   o.start_step = -1;
   try {
-    gradagg::Aggregator agg(*model, [](const gradagg::ShardContext&) {
-      return gradagg::ShardResult{};
-    }, o);
+    gradagg::Aggregator agg(
+        *model, [](const gradagg::ShardContext&) { return gradagg::ShardResult{}; }, o);
     ADD_FAILURE() << "no error";
   } catch (const gradagg::InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("start_step"), std::string::npos) << e.what();
@@ -132,11 +131,12 @@ TEST_F(Behaviour, ARunResumedInAFreshProcessIsTheRunNeverStoppedBitForBit) {
     train(path, kStopAt, kSteps);
     return;
   }
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("gradagg-resume-" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("gradagg-resume-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
-  const std::string whole = (dir / "whole.ckpt").string(), resumed = (dir / "resumed.ckpt").string();
-  train(whole, 0, kSteps);    // the run never stopped
+  const std::string whole = (dir / "whole.ckpt").string(),
+                    resumed = (dir / "resumed.ckpt").string();
+  train(whole, 0, kSteps);     // the run never stopped
   train(resumed, 0, kStopAt);  // a run stopped after kStopAt steps...
   ASSERT_EQ(runInFreshProcess(resumed), 0) << "the resumed run failed";  // ...resumed
 

@@ -178,7 +178,8 @@ TEST_F(GradaggTest, KilledParentTakesEveryWorkerWithItWithinASecond) {
       ::write(fds[1], pids.data(), pids.size() * sizeof(int));
       ::close(fds[1]);
       agg.step();
-    } catch (...) {}
+    } catch (...) {
+    }
     ::_exit(0);
   }
   ::close(fds[1]);

@@ -70,8 +70,10 @@ TEST_F(Behaviour, EveryDtypeAndShapeArrivesBitForBitAndANumberAsA0DimTensor) {
       [&](const gradagg::ShardContext& c) {
         gradagg::ShardResult r{model->loss(model->forward(data.x), data.y), 4, {}};
         // The same names every step (the first step's are agreed on).
-        r.metrics = {{"entries", static_cast<double>(c.message.size())}, {"equal", 0},
-                     {"epoch", 0}, {"dims", -1}};
+        r.metrics = {{"entries", static_cast<double>(c.message.size())},
+                     {"equal", 0},
+                     {"epoch", 0},
+                     {"dims", -1}};
         if (c.message.empty()) return r;
         double equal = c.message.size() == sent.size() ? 1 : 0;
         for (const auto& e : sent.entries()) {

@@ -40,8 +40,8 @@ TEST_F(Behaviour, AccumulatedMetricsAreTheWorkersSumOverItsMicroBatches) {
   gradagg::Aggregator agg(
       *model,
       [&](const gradagg::ShardContext& c) {
-        return gradagg::ShardResult{model->loss(model->forward(data.x), data.y), 4,
-                                    {{"micro", c.micro_step + 0.5}}};
+        return gradagg::ShardResult{
+            model->loss(model->forward(data.x), data.y), 4, {{"micro", c.micro_step + 0.5}}};
       },
       o);
   const auto& report = agg.step();
@@ -96,7 +96,8 @@ gradagg::ShardFn maybeEmpty(TestModel& model, const Data& data, std::vector<int6
     const int64_t lo = bounds[c.rank], hi = bounds[c.rank + 1];
     if (lo == hi) return gradagg::ShardResult{at::Tensor(), 0, {}};
     auto x = data.x.slice(0, lo, hi), y = data.y.slice(0, lo, hi);
-    return gradagg::ShardResult{model.loss(model.forward(x), y), hi - lo, {{"rows", double(hi - lo)}}};
+    return gradagg::ShardResult{
+        model.loss(model.forward(x), y), hi - lo, {{"rows", double(hi - lo)}}};
   };
 }
 
@@ -124,8 +125,7 @@ TEST_F(Behaviour, AnEmptyWorkerHasNoShareInTheMeanBuffers) {
   o.buffers = gradagg::BufferSync::kMean;
   gradagg::Aggregator agg(*model, maybeEmpty(*model, data, {0, 0, 2, 5, 5}), o);
   agg.step();
-  expectClose(gradsOf(*model), perShardGrads(*reference, data, {0, 2, 5}, true), 1e-5,
-              "gradients");
+  expectClose(gradsOf(*model), perShardGrads(*reference, data, {0, 2, 5}, true), 1e-5, "gradients");
   // The running mean: the contributors' mean weighted by samples is the whole batch's.
   reference->forward(data.x);
   const auto want = reference->named_buffers(), got = model->named_buffers();
@@ -147,8 +147,9 @@ TEST_F(Behaviour, EqualWeightingCountsOnlyTheWorkersWithSamples) {
   gradagg::Aggregator agg(*model, maybeEmpty(*model, data, {0, 0, 2, 6}), o);
   agg.step();
   // One process: the mean of the two contributors' losses.
-  auto loss = 0.5 * (reference->loss(reference->forward(data.x.slice(0, 0, 2)), data.y.slice(0, 0, 2)) +
-                     reference->loss(reference->forward(data.x.slice(0, 2, 6)), data.y.slice(0, 2, 6)));
+  auto loss =
+      0.5 * (reference->loss(reference->forward(data.x.slice(0, 0, 2)), data.y.slice(0, 0, 2)) +
+             reference->loss(reference->forward(data.x.slice(0, 2, 6)), data.y.slice(0, 2, 6)));
   loss.backward();
   expectClose(gradsOf(*model), gradsOf(*reference), 1e-5, "equal weighting");
 }

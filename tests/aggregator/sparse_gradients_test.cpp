@@ -15,7 +15,8 @@ class SparseGradients : public GradaggTest {};
 struct Bag : torch::nn::Module {
   Bag() {
     torch::manual_seed(5);
-    emb = register_module("emb", torch::nn::Embedding(torch::nn::EmbeddingOptions(12, 4).sparse(true)));
+    emb = register_module("emb",
+                          torch::nn::Embedding(torch::nn::EmbeddingOptions(12, 4).sparse(true)));
     head = register_module("head", torch::nn::Linear(4, 1));
     torch::NoGradGuard no_grad;
     emb->weight[3].fill_(-1.0);

@@ -70,7 +70,8 @@ TEST(DurableFile, OldTemporaryFilesOfDeadWritersAreRemovedOthersKept) {
   touch(other_file, old);
   gradagg::detail::writeDurably(path, "payload");
   EXPECT_FALSE(std::filesystem::exists(dead_old)) << "a dead writer's old file stayed";
-  EXPECT_TRUE(std::filesystem::exists(dead_new)) << "a fresh file is kept (may be a writer elsewhere)";
+  EXPECT_TRUE(std::filesystem::exists(dead_new))
+      << "a fresh file is kept (may be a writer elsewhere)";
   EXPECT_TRUE(std::filesystem::exists(alive_old)) << "a live process's file was removed";
   EXPECT_TRUE(std::filesystem::exists(other_file)) << "another checkpoint's file was removed";
   EXPECT_EQ(gradagg::detail::readVerified(path), "payload");

@@ -73,7 +73,7 @@ struct LoopRun {
     torch::manual_seed(init_seed);
     net = std::make_shared<DropoutNet>();
     opt = std::make_unique<torch::optim::Adagrad>(net->parameters(),
-                                                   torch::optim::AdagradOptions(1.0));
+                                                  torch::optim::AdagradOptions(1.0));
     scheduler = std::make_unique<torch::optim::StepLR>(*opt, 1, 0.7);
     torch::manual_seed(1234);  // the program's --seed: the workers' seeds derive from it
   }
@@ -151,8 +151,11 @@ TEST_F(ResumeLoopTest, ALoadedCheckpointGivesTheAggregatorItsStepAndPositionWith
     EXPECT_EQ(agg.stepsDone(), 5) << "the Aggregator took the checkpoint's step";
     EXPECT_EQ(agg.position(), (BatchPosition{1, 1}));
     // A batch before the checkpoint's position is refused, before anything runs.
-    expectThrows<gradagg::InvalidArgument>([&] { agg.step(BatchPosition{1, 0}); },
-                                           "a batch is trained once");
+    expectThrows<gradagg::InvalidArgument>(
+        [&] {
+          agg.step(BatchPosition{1, 0});
+        },
+        "a batch is trained once");
   }
   ckpt.load(*resumed.net, *resumed.opt, {}, resumed.scheduler.get());
   resumed.train(2, state);
@@ -199,14 +202,16 @@ TEST_F(ResumeLoopTest, ALoadThatCannotBeTheRunIsRefusedAndWeightsAloneAreNoResum
     bare.load(*other.net, *other.opt, {});
     gradagg::Aggregator resumed(*other.net, shardOf(*other.net, other.data), twoWorkers());
     EXPECT_EQ(resumed.stepsDone(), 3);
-    expectThrows<gradagg::InvalidArgument>([&] { resumed.step(BatchPosition{0, 3}); },
-                                           "saved without the data's position");
+    expectThrows<gradagg::InvalidArgument>(
+        [&] {
+          resumed.step(BatchPosition{0, 3});
+        },
+        "saved without the data's position");
   }
   {  // Weights alone (no optimizer) initialise; they are not a resume.
     LoopRun fine_tune;
     ckpt.load(gradagg::viewOf(*fine_tune.net), nullptr, {});
-    gradagg::Aggregator agg(*fine_tune.net, shardOf(*fine_tune.net, fine_tune.data),
-                            twoWorkers());
+    gradagg::Aggregator agg(*fine_tune.net, shardOf(*fine_tune.net, fine_tune.data), twoWorkers());
     EXPECT_EQ(agg.stepsDone(), 0);
     EXPECT_EQ(agg.position(), BatchPosition{});
   }
@@ -215,8 +220,11 @@ TEST_F(ResumeLoopTest, ALoadThatCannotBeTheRunIsRefusedAndWeightsAloneAreNoResum
     torch::manual_seed(4321);
     gradagg::Aggregator agg(*late.net, shardOf(*late.net, late.data), twoWorkers());
     ckpt.load(*late.net, *late.opt, {});  // restores torch's generator: seed 1234
-    expectThrows<gradagg::InvalidArgument>([&] { agg.step(BatchPosition{0, 3}); },
-                                           "make the Aggregator after the load");
+    expectThrows<gradagg::InvalidArgument>(
+        [&] {
+          agg.step(BatchPosition{0, 3});
+        },
+        "make the Aggregator after the load");
     EXPECT_EQ(agg.stepsDone(), 0) << "the refused load changed nothing";
   }
 }
@@ -261,8 +269,11 @@ TEST_F(ResumeLoopTest, AnEpochLeftEarlyDoesNotShiftTheNextOne) {
   }
   expectClose(paramsOf(*net), paramsOf(*ref), 1e-12, "epoch 1 after a shortened epoch 0");
   // The index outside an epoch is named.
-  expectThrows<gradagg::InvalidArgument>([&] { data.global_batch(BatchPosition{0, 4}); },
-                                         "batch 4 of epoch 0");
+  expectThrows<gradagg::InvalidArgument>(
+      [&] {
+        data.global_batch(BatchPosition{0, 4});
+      },
+      "batch 4 of epoch 0");
 }
 
 TEST_F(ResumeLoopTest, APerEpochSchedulerResumesBitForBitFromEveryStepEpochEndsIncluded) {
@@ -311,8 +322,10 @@ std::vector<torch::Tensor> referenceGradient(DropoutNet& net, Batches& data, std
     const auto grads = gradsOf(net);
     for (std::size_t k = 0; k < grads.size(); ++k) {
       auto weighted = grads[k] * static_cast<double>(n);
-      if (sum.size() <= k) sum.push_back(weighted);
-      else sum[k] += weighted;
+      if (sum.size() <= k)
+        sum.push_back(weighted);
+      else
+        sum[k] += weighted;
     }
   }
   for (auto& g : sum) g /= static_cast<double>(total);

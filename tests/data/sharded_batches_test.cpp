@@ -80,8 +80,11 @@ TEST_F(ShardedBatchesTest, AnEpochVisitsEverySampleOnceInPythonsRandpermOrder) {
 TEST_F(ShardedBatchesTest, BadInputIsAnInvalidArgument) {
   expectThrows<gradagg::InvalidArgument>([] { BatchPlan(10, 0); }, "batch_size 0");
   expectThrows<gradagg::InvalidArgument>([] { BatchPlan(0, 4); }, "empty");
-  expectThrows<gradagg::InvalidArgument>([] { BatchPlan(3, 4, {false, 0, true}); },
-                                         "drop_last with 3 samples");
+  expectThrows<gradagg::InvalidArgument>(
+      [] {
+        BatchPlan(3, 4, {false, 0, true});
+      },
+      "drop_last with 3 samples");
   expectThrows<gradagg::InvalidArgument>([] { BatchPlan(10, 4).indices(0, 3, 3); },
                                          "worker 3 of 3");
   expectThrows<gradagg::InvalidArgument>([] { BatchPlan(10, 4).epoch(-1); }, "step -1");
@@ -106,8 +109,7 @@ TEST_F(ShardedBatchesTest, CollatesLikeTorchDataAndGivesZeroRowsToAWorkerWithNon
   ShardedBatches tensors(torch::data::datasets::TensorDataset(d.x), 4);
   EXPECT_TRUE(torch::equal(tensors.global_batch(2).data, d.x.narrow(0, 8, 2)));
   expectThrows<gradagg::InvalidArgument>(
-      [&] { ShardedBatches<Rows>(Rows(d.x.narrow(0, 0, 0), d.y.narrow(0, 0, 0)), 4); },
-      "empty");
+      [&] { ShardedBatches<Rows>(Rows(d.x.narrow(0, 0, 0), d.y.narrow(0, 0, 0)), 4); }, "empty");
 }
 
 // 17 samples in batches of 8 over two shuffled epochs: 8, 8, 1 per epoch, so

@@ -11,8 +11,8 @@
 
 #include "idx.h"
 
-#include "runtime/temp_dir.h"
 #include "fashion_support.h"
+#include "runtime/temp_dir.h"
 #include "support/expect_throws.h"
 
 namespace {

@@ -14,8 +14,8 @@
 #include "fashion_train.h"
 #include "idx.h"
 
-#include "runtime/temp_dir.h"
 #include "fashion_support.h"
+#include "runtime/temp_dir.h"
 #include "support/expect_throws.h"
 
 namespace {

@@ -104,13 +104,16 @@ TEST_F(MultiNode, AHalfPrecisionModelIsRefusedBeforeTheRendezvous) {
   o.nodes.timeout = 20s;
   const auto t0 = std::chrono::steady_clock::now();
   if (const auto e = expectThrows<gradagg::InvalidArgument>(
-          [&] { gradagg::Aggregator agg(*model, shardFn(*model, data, {0, 8}), o); }, "BFloat16")) {
+          [&] {
+            gradagg::Aggregator agg(*model, shardFn(*model, data, {0, 8}), o);
+          },
+          "BFloat16")) {
     EXPECT_NE(std::string(e->what()).find("float32 and float64"), std::string::npos) << e->what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
   EXPECT_TRUE(childPids().empty());
-  EXPECT_TRUE(bitIdentical(paramsOf(*model),
-                           paramsOf(*makeModel(ModelKind::kMlp, torch::kBFloat16))));
+  EXPECT_TRUE(
+      bitIdentical(paramsOf(*model), paramsOf(*makeModel(ModelKind::kMlp, torch::kBFloat16))));
 }
 
 TEST_F(MultiNode, ALoneNodeFailsWithinItsRendezvousTimeoutOverAFileStore) {

@@ -147,7 +147,8 @@ TEST(BrokenPipe, EveryThreadTheNodeGroupStartsHasSigpipeBlockedAndTheCallerKeeps
     group.endRendezvous();
     at::Tensor t = torch::ones({1024});
     group.broadcastFromNode0(t, "the test's broadcast");
-    if (sigpipeBlocked(self)) ++bad, std::fprintf(stderr, "a collective changed the caller's mask\n");
+    if (sigpipeBlocked(self))
+      ++bad, std::fprintf(stderr, "a collective changed the caller's mask\n");
     ::_exit(bad == 0 ? 0 : 10);
   }
   int status0 = 0, status1 = 0;

@@ -2,8 +2,8 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <sys/resource.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,8 +12,8 @@
 #include <csignal>
 #include <optional>
 #include <sstream>
-#include <thread>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 
 namespace gradagg_test {
@@ -114,17 +114,17 @@ void send(int fd, const NodeResult& r) {
   const std::string blob = buf.str();
   const std::string metrics = encode(r.metrics) + "--\n" + encode(r.worker0_metrics);
   const int64_t header[12] = {r.outcome,
-                             r.usable_after,
-                             r.children_after,
-                             r.retry,
-                             static_cast<int64_t>(r.what.size()),
-                             static_cast<int64_t>(r.retry_what.size()),
-                             static_cast<int64_t>(blob.size()),
-                             static_cast<int64_t>(r.node_bytes),
-                             r.collectives,
-                             r.overlapped,
-                             static_cast<int64_t>(metrics.size()),
-                             r.max_rss_mib};
+                              r.usable_after,
+                              r.children_after,
+                              r.retry,
+                              static_cast<int64_t>(r.what.size()),
+                              static_cast<int64_t>(r.retry_what.size()),
+                              static_cast<int64_t>(blob.size()),
+                              static_cast<int64_t>(r.node_bytes),
+                              r.collectives,
+                              r.overlapped,
+                              static_cast<int64_t>(metrics.size()),
+                              r.max_rss_mib};
   writeAll(fd, header, sizeof(header));
   writeAll(fd, &r.seconds, sizeof(r.seconds));
   writeAll(fd, r.what.data(), r.what.size());
@@ -168,9 +168,9 @@ NodeResult receive(int fd) {
 }  // namespace
 
 void PrintTo(Outcome outcome, std::ostream* os) {
-  static const char* const names[] = {"ok",        "NodeFailed",   "InvalidArgument", "other",
-                                      "NotUsable", "WorkerFailed", "WorkerDied",
-                                      "Interrupted"};
+  static const char* const names[] = {"ok",         "NodeFailed", "InvalidArgument",
+                                      "other",      "NotUsable",  "WorkerFailed",
+                                      "WorkerDied", "Interrupted"};
   *os << (outcome >= 0 && outcome <= kInterrupted ? names[outcome] : "?");
 }
 
@@ -231,9 +231,8 @@ NodeResult trainNode(const NodeRun& run) {
               if (run.drop_grads)
                 for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
               if (c.step == run.kill_worker_in_backward_at_step && c.rank == 1)
-                model->parameters()[0].register_hook([](const torch::Tensor&) {
-                  ::raise(SIGKILL);
-                });
+                model->parameters()[0].register_hook(
+                    [](const torch::Tensor&) { ::raise(SIGKILL); });
               static bool slowed = false;  // once per worker process
               if (run.slow_first_layer_ms > 0 && !slowed) {
                 slowed = true;

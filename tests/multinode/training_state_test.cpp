@@ -100,8 +100,8 @@ TEST_F(MultiNode, SparseGradientsStaySparseAcrossNodesOverTheRowsTouchedAnywhere
     const auto results = runNodes({run, other});
     for (int n = 0; n < 2; ++n) {
       ASSERT_EQ(results[n].outcome, kOk) << results[n].what;
-      EXPECT_EQ(results[n].metrics.count("sparse_grads") ? results[n].metrics.at("sparse_grads") : 0,
-                1)
+      EXPECT_EQ(
+          results[n].metrics.count("sparse_grads") ? results[n].metrics.at("sparse_grads") : 0, 1)
           << "node " << n << ", empty from " << empty_from;
     }
     expectClose(results[0].params, oneProcess(run), 1e-10, "node 0 vs one process");

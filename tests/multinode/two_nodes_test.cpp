@@ -133,9 +133,8 @@ TEST(NodeOptions, FromEnvironmentReadsTheEnvConventionAndRefusesProcessesPerNode
 }
 
 TEST(NodeOptions, FromEnvironmentReadsSlurmsVariables) {
-  Environment env({{"SLURM_NNODES", "4"},
-                   {"SLURM_NODEID", "3"},
-                   {"SLURM_JOB_NODELIST", "gpu[07-10,12],cpu1"}});
+  Environment env(
+      {{"SLURM_NNODES", "4"}, {"SLURM_NODEID", "3"}, {"SLURM_JOB_NODELIST", "gpu[07-10,12],cpu1"}});
   auto o = gradagg::NodeOptions::fromEnvironment();
   EXPECT_EQ(o.nodes, 4);
   EXPECT_EQ(o.node_rank, 3);

@@ -9,9 +9,9 @@
 #include <functional>
 #include <vector>
 
+#include "population/layout.h"
 #include "runtime/process.h"
 #include "runtime/segment.h"
-#include "population/layout.h"
 #include "support/support.h"
 
 namespace {

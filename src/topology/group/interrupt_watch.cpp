@@ -16,9 +16,8 @@ InterruptWatch::InterruptWatch(Sockets group) : group_(std::move(group)) {
     while (!stopping_) {
       wake_.wait_for(lock, std::chrono::milliseconds(10));
       // No wait in progress: one that began now (due at once without patience).
-      const std::int64_t oldest = waits_.empty()
-                                      ? monotonicNowNs()
-                                      : *std::min_element(waits_.begin(), waits_.end());
+      const std::int64_t oldest =
+          waits_.empty() ? monotonicNowNs() : *std::min_element(waits_.begin(), waits_.end());
       if (stopping_ || done_ || !interruptDue(oldest)) continue;
       lock.unlock();
       shutDown(true);

@@ -25,9 +25,9 @@
 namespace gradagg::detail {
 
 struct NodeGroup::Impl {
-  std::unique_ptr<StoreServer> server;           // node 0's TCPStore, for the start-up
-  c10::intrusive_ptr<RendezvousStore> base;      // the TCPStore or FileStore
-  c10::intrusive_ptr<c10d::Store> store;         // base, under this run's private prefix
+  std::unique_ptr<StoreServer> server;       // node 0's TCPStore, for the start-up
+  c10::intrusive_ptr<RendezvousStore> base;  // the TCPStore or FileStore
+  c10::intrusive_ptr<c10d::Store> store;     // base, under this run's private prefix
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
   // The step's collectives: a gloo context of its own and one bound sum each.
   std::shared_ptr<::gloo::rendezvous::Context> context;
@@ -75,7 +75,8 @@ NodeGroup::NodeGroup(const NodeOptions& o)
                      "gradagg: warning: node 0 serves the rendezvous on port %d without a job "
                      "token: anyone who reaches it can join (docs/multinode.md, Security)\n",
                      o.master_port);
-      impl_->server = std::make_unique<StoreServer>(o.master_addr, o.master_port, o.nodes, deadline);
+      impl_->server =
+          std::make_unique<StoreServer>(o.master_addr, o.master_port, o.nodes, deadline);
     }
     Started started = startWithin(o, deadline, waiting, impl_->base, abandoned);
     impl_->base = std::move(started.base);
@@ -138,7 +139,8 @@ auto NodeGroup::guarded(const char* what, F&& f) -> decltype(f()) {
   std::optional<InterruptWatch::Wait> wait;  // what interruptWaits()' patience counts from
   if (impl_->watch) wait.emplace(*impl_->watch);
   const std::int64_t began = wait ? wait->began() : monotonicNowNs();
-  const SignalBlocked no_sigpipe(SIGPIPE);  // gloo's writes in this thread (the constructor's comment)
+  const SignalBlocked no_sigpipe(
+      SIGPIPE);  // gloo's writes in this thread (the constructor's comment)
   try {
     return f();
   } catch (const std::exception& e) {

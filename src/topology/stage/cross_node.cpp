@@ -63,8 +63,8 @@ CrossNode::Piece CrossNode::bindPiece(ByteRange range, c10::ScalarType dtype, bo
   const auto count = static_cast<std::int64_t>((range.end - range.begin) / c10::elementSize(dtype));
   Piece piece;
   for (int i = 0; i < 2; ++i)
-    piece.view[i] = at::from_blob(segment_.result(i) + range.begin, {count},
-                                  at::TensorOptions().dtype(dtype));
+    piece.view[i] =
+        at::from_blob(segment_.result(i) + range.begin, {count}, at::TensorOptions().dtype(dtype));
   if (compression_ == Compression::kBFloat16 && dtype == at::kFloat && !status) {
     piece.wire = at::empty({count}, at::kBFloat16);
     const int handle = group_.bindSum(piece.wire);

@@ -184,10 +184,8 @@ Placement rendezvous(NodeGroup& group, const Options& options, const ModelBindin
         fmt::format("gradagg: node {} has a different model from node 0 (this is node {}): {}", r,
                     group.rank(), firstDifference(layouts[r], layouts[0])));
   }
-  requireAgreement(group.exchange("agreement", encodeTextMap(agreementOf(options))),
-                   group.rank());
-  Placement p =
-      placementAmong(group.exchange("host", hostIdentity(options.workers)), group.rank());
+  requireAgreement(group.exchange("agreement", encodeTextMap(agreementOf(options))), group.rank());
+  Placement p = placementAmong(group.exchange("host", hostIdentity(options.workers)), group.rank());
   p.seed = options.seed ? *options.seed
                         : std::stoull(group.exchange("seed", std::to_string(parentTorchSeed()))[0]);
   return p;

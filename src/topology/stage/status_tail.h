@@ -57,7 +57,8 @@ std::int64_t getCount(const T* s) {
 }  // namespace status_detail
 
 template <typename T>
-void writeStatus(std::byte* tail, const StepTotals& local, const std::vector<std::uint8_t>& any_grad) {
+void writeStatus(std::byte* tail, const StepTotals& local,
+                 const std::vector<std::uint8_t>& any_grad) {
   auto* s = reinterpret_cast<StatusFields<T>*>(tail);
   s->failed = local.failed ? 1 : 0;
   s->non_finite = local.non_finite ? 1 : 0;

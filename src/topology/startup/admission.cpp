@@ -51,13 +51,14 @@ std::string sign(const NodeOptions& o, const char* what, const std::string& run,
   // the job at all: the store is open to anyone who reaches its port.
   const std::string stranger =
       o.token.empty() ? ""
-                      : fmt::format("; if every node has it, a process outside the job answered "
-                                    "as node {} (docs/multinode.md, Security)",
-                                    other);
-  throw InvalidArgument(fmt::format(
-      "gradagg: node {} of {}: refused at the rendezvous: {} (NodeOptions::token, "
-      "GRADAGG_JOB_TOKEN): give every node of the job the same token{}",
-      o.node_rank, o.nodes, fmt::format(fmt::runtime(whose), other), stranger));
+                      : fmt::format(
+                            "; if every node has it, a process outside the job answered "
+                            "as node {} (docs/multinode.md, Security)",
+                            other);
+  throw InvalidArgument(
+      fmt::format("gradagg: node {} of {}: refused at the rendezvous: {} (NodeOptions::token, "
+                  "GRADAGG_JOB_TOKEN): give every node of the job the same token{}",
+                  o.node_rank, o.nodes, fmt::format(fmt::runtime(whose), other), stranger));
 }
 
 std::string privatePrefix(const NodeOptions& o, const std::string& run) {
@@ -113,7 +114,8 @@ std::string joinNode0(c10d::Store& store, const NodeOptions& o, const Deadline& 
     ack = parse(text(store, ack_key));
     return ack.nonce == nonce;  // else a dead run's
   });
-  put(store, fmt::format("{}/confirm/{}", o.store_prefix, r), sign(o, "confirm", ack.run, r, nonce));
+  put(store, fmt::format("{}/confirm/{}", o.store_prefix, r),
+      sign(o, "confirm", ack.run, r, nonce));
   if (!sameProof(ack.proof, proofOf(o.token, statement("ack", ack.run, r, nonce))))
     refuse(o, 0, ack.proof);
   const std::string prefix = privatePrefix(o, ack.run);

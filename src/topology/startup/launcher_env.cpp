@@ -84,7 +84,8 @@ void fromEnvInit(NodeOptions& o) {
 // of SLURM_JOB_NODELIST as node 0.
 void fromSlurm(NodeOptions& o) {
   Environment::integers({{"SLURM_NNODES", &o.nodes}, {"SLURM_NODEID", &o.node_rank}});
-  if (const char* list = Environment::get("SLURM_JOB_NODELIST")) o.master_addr = firstSlurmHost(list);
+  if (const char* list = Environment::get("SLURM_JOB_NODELIST"))
+    o.master_addr = firstSlurmHost(list);
 }
 
 // torchrun --nnodes N --nproc_per_node 1: each node's one process is a node
@@ -124,9 +125,9 @@ void fromGradagg(NodeOptions& o) {
   std::string compression;
   if (Environment::text("GRADAGG_COMPRESSION", compression)) {
     if (compression != "none" && compression != "bf16")
-      throw InvalidArgument(fmt::format(
-          "environment variable GRADAGG_COMPRESSION: expected none or bf16, got '{}'",
-          compression));
+      throw InvalidArgument(
+          fmt::format("environment variable GRADAGG_COMPRESSION: expected none or bf16, got '{}'",
+                      compression));
     o.compression = compression == "bf16" ? Compression::kBFloat16 : Compression::kNone;
   }
   Environment::bytes("GRADAGG_BUCKET_BYTES", o.bucket_bytes);

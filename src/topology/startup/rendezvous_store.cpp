@@ -33,7 +33,8 @@ void RendezvousStore::close() {
 
 c10::intrusive_ptr<c10d::Store> RendezvousStore::base() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!base_) throw std::runtime_error("gradagg: the rendezvous store is closed after the start-up");
+  if (!base_)
+    throw std::runtime_error("gradagg: the rendezvous store is closed after the start-up");
   return base_;
 }
 

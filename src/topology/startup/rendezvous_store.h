@@ -7,10 +7,10 @@
 // by the last node that lets it go. Used after close() it throws.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
-#include <algorithm>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,8 +33,7 @@ struct Deadline {
 // due for a wait that began at `began` (throwIfStopped; 0: the rendezvous).
 template <typename Ready>
 void pollUntil(const Deadline& deadline, const std::string& what, Ready&& ready);
-void throwIfStopped(const Deadline& deadline, const std::string& what,
-                    std::int64_t began = 0);
+void throwIfStopped(const Deadline& deadline, const std::string& what, std::int64_t began = 0);
 
 class RendezvousStore final : public c10d::Store {
  public:

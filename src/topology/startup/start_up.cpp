@@ -92,8 +92,6 @@ c10::intrusive_ptr<c10d::Store> openStore(const NodeOptions& o, const Deadline& 
   }
 }
 
-
-
 // c10d's ProcessGroupGloo, whose collectives (allgather, allreduce, broadcast)
 // wait as long as its gloo contexts' timeout, which the constructor sets from
 // the one it connects with: connected within what is left of the start-up,
@@ -149,8 +147,8 @@ void requireResolvable(const NodeOptions& o) {
 }
 
 Started startWithin(const NodeOptions& o, const Deadline& deadline,
-                    const std::function<void()>& waiting,
-                    c10::intrusive_ptr<RendezvousStore>& base, bool& abandoned) {
+                    const std::function<void()>& waiting, c10::intrusive_ptr<RendezvousStore>& base,
+                    bool& abandoned) {
   auto shared_base = std::make_shared<c10::intrusive_ptr<RendezvousStore>>();
   auto base_mutex = std::make_shared<std::mutex>();
   auto task = std::make_shared<std::packaged_task<Started()>>([=] {

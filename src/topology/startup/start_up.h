@@ -12,8 +12,8 @@
 
 #include <gradagg/options.h>
 
-#include "topology/startup/sockets.h"
 #include "topology/startup/rendezvous_store.h"
+#include "topology/startup/sockets.h"
 
 namespace gradagg::detail {
 
@@ -44,7 +44,7 @@ struct Started {
 // the thread may still hold a TCPStore client in a call. `waiting` runs
 // between the admission's polls and the caller's (the waiting line).
 Started startWithin(const NodeOptions& o, const Deadline& deadline,
-                    const std::function<void()>& waiting,
-                    c10::intrusive_ptr<RendezvousStore>& base, bool& abandoned);
+                    const std::function<void()>& waiting, c10::intrusive_ptr<RendezvousStore>& base,
+                    bool& abandoned);
 
 }  // namespace gradagg::detail
