@@ -5,6 +5,8 @@ BUILD ?= build
 BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+# ON: compiler warnings are errors (CI's release build)
+WERROR ?= OFF
 
 # Debian 12 packages the build needs.
 #  - libopenblas0-openmp: LibTorch calls whatever libblas.so.3 the system provides,
@@ -15,12 +17,13 @@ CMAKE_FLAGS ?=
 #    Debian's alternatives then point libblas.so.3 at it; libblas3 stays installed
 #    beside it (the tests check the warning gradagg logs on it).
 #  - ccache: rebuilds, and CI's fresh clones, reuse what was compiled before.
+#  - clang-format, clang-tidy: `make format-check` (CI) and `make tidy`.
 PACKAGES := cmake g++ make libtorch-dev libboost-dev libfmt-dev libgtest-dev libcli11-dev \
             libgloo-dev libssl-dev nlohmann-json3-dev gnuplot-nox zlib1g-dev dataset-fashion-mnist \
             python3-dev python3-torch pybind11-dev python3-pytest python3-setuptools python3-pip \
-            python3-venv libopenblas0-openmp libblas3 liblapack3 ccache
+            python3-venv libopenblas0-openmp libblas3 liblapack3 ccache clang-format clang-tidy
 
-.PHONY: all deps configure build demo test test-asan bench install clean
+.PHONY: all deps configure build demo test test-asan bench install clean format format-check tidy
 
 all: build
 
@@ -41,7 +44,7 @@ deps:
 	fi
 
 $(BUILD)/CMakeCache.txt: | deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DGRADAGG_WERROR=$(WERROR) $(CMAKE_FLAGS)
 
 configure: deps $(BUILD)/CMakeCache.txt
 
@@ -67,7 +70,7 @@ bench: build
 
 # The suite again under AddressSanitizer + UndefinedBehaviorSanitizer, in build-asan/.
 test-asan: deps
-	$(MAKE) BUILD=build-asan BUILD_TYPE=RelWithDebInfo \
+	$(MAKE) BUILD=build-asan BUILD_TYPE=RelWithDebInfo WERROR=OFF \
 	  CMAKE_FLAGS="-DGRADAGG_SANITIZE=address -DGRADAGG_BUILD_BENCH=OFF -DGRADAGG_BUILD_PYTHON=OFF" test
 
 # Fashion-MNIST (examples/fashion_mnist.cpp): 5 epochs with 2 workers and the same
@@ -90,3 +93,23 @@ install: build
 
 clean:
 	rm -rf $(BUILD)
+
+# The style (.clang-format) over every C++ file in git: `format` applies it,
+# `format-check` prints each difference and fails on one (CI runs it first).
+CXX_FILES = $(shell git ls-files '*.cpp' '*.h')
+format: deps
+	@clang-format -i $(CXX_FILES) && echo "gradagg: formatted $(words $(CXX_FILES)) files"
+format-check: deps
+	@clang-format --dry-run --Werror $(CXX_FILES) && echo "gradagg: $(words $(CXX_FILES)) files formatted as .clang-format says"
+
+# clang-tidy (.clang-tidy: bugprone-, performance-, concurrency-; each check
+# left off says why) over the library's sources, with the compile commands of a
+# configure-only tree ($(BUILD)-tidy). TIDY_FILES narrows it: CI gives the
+# src/ files the last commit changed. Fails on any finding.
+TIDY_FILES ?= $(shell git ls-files 'src/*.cpp')
+tidy: deps
+	@cmake -S . -B $(BUILD)-tidy -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+	  -DGRADAGG_BUILD_TESTS=OFF -DGRADAGG_BUILD_EXAMPLES=OFF -DGRADAGG_BUILD_BENCH=OFF \
+	  -DGRADAGG_BUILD_PYTHON=OFF > /dev/null
+	@echo "gradagg: clang-tidy over $(words $(TIDY_FILES)) files"
+	@printf '%s\n' $(TIDY_FILES) | xargs -r -P $(JOBS) -n 1 clang-tidy -p $(BUILD)-tidy --quiet

@@ -44,8 +44,8 @@ struct ReduceOperands {
   std::vector<float> a, b, c;
 };
 
-ReduceOperands::ReduceOperands(int n, std::size_t count, at::ScalarType dtype)
-    : n(n), count(count), type(detail::elementTypeOf(dtype)), weights(n, 1.0 / n) {
+ReduceOperands::ReduceOperands(int n_, std::size_t count_, at::ScalarType dtype)
+    : n(n_), count(count_), type(detail::elementTypeOf(dtype)), weights(n_, 1.0 / n_) {
   const std::size_t esize = detail::elementBytes(type);
   bytes = static_cast<double>((n + 1) * count * esize);
   stream_count = std::max<std::size_t>(1, (n + 1) * count * esize / 4 / 3);

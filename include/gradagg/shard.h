@@ -97,8 +97,9 @@ struct ShardContext {
 struct ShardResult {
   ShardResult() = default;
   // ShardResult{loss, samples} or ShardResult{loss, samples, {{"correct", 12}}}.
-  ShardResult(at::Tensor loss, std::int64_t samples = 1, std::map<std::string, double> metrics = {})
-      : loss(std::move(loss)), samples(samples), metrics(std::move(metrics)) {}
+  ShardResult(at::Tensor loss_, std::int64_t samples_ = 1,
+              std::map<std::string, double> metrics_ = {})
+      : loss(std::move(loss_)), samples(samples_), metrics(std::move(metrics_)) {}
 
   at::Tensor loss;
   std::int64_t samples = 1;

@@ -200,9 +200,9 @@ struct Aggregator::Impl {
     channel.await(map.header().reduced, options.step_timeout, Awaited{});
     for (int r = 0; r < n; ++r) {
       if (slots->ok(r)) continue;
-      const std::string message = slots->message(r);
-      channel.fail<WorkerFailed>(
-          r, fmt::format("gradagg: worker {} failed to start: {}", r, message), message);
+      const std::string said = slots->message(r);
+      channel.fail<WorkerFailed>(r, fmt::format("gradagg: worker {} failed to start: {}", r, said),
+                                 said);
     }
     channel.started();
   }
@@ -396,10 +396,10 @@ struct Aggregator::Impl {
     if (r < 0) throw errors->elsewhere("a non-finite gradient on another node", steps_done, why);
     const int k = slots->badParam(r);
     const std::string param = k >= 0 ? binding.params()[k].name : "";
-    const std::string message = slots->message(r);
+    const std::string said = slots->message(r);
     throw NonFiniteGradient(
-        fmt::format("gradagg: worker {} in step {}: {}{}", r, steps_done, message, why), r,
-        Phase::kWritingSlot, message, param);
+        fmt::format("gradagg: worker {} in step {}: {}{}", r, steps_done, said, why), r,
+        Phase::kWritingSlot, said, param);
   }
 
   // Stops the workers; the parent's threads and heap as they were.

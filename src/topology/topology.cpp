@@ -1,12 +1,8 @@
 #include "topology/topology.h"
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include "topology/stage/cross_node.h"
 
 namespace gradagg::detail {
-
-std::uint64_t parentTorchSeed() { return at::detail::getDefaultCPUGenerator().current_seed(); }
 
 Topology joinTopology(const Options& options, ModelBinding& binding) {
   Topology t;

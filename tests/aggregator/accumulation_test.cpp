@@ -62,8 +62,8 @@ TEST_P(Accumulation, EqualIsTheMeanOfEveryMicroBatchGradient) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, Accumulation, ::testing::Values(torch::kFloat, torch::kDouble),
-                         [](const auto& info) {
-                           return info.param == torch::kFloat ? "Float32" : "Float64";
+                         [](const auto& tested) {
+                           return tested.param == torch::kFloat ? "Float32" : "Float64";
                          });
 
 TEST_F(GradaggTest, AccumulatedTrainingMatchesOneProcessStepForStep) {

@@ -53,7 +53,7 @@ TEST_P(Allocations, StepAllocatesNothingOfItsOwn) {
 INSTANTIATE_TEST_SUITE_P(Models, Allocations,
                          ::testing::Values(ModelKind::kLinear, ModelKind::kMlp,
                                            ModelKind::kConvBnTrain),
-                         [](const auto& info) { return kindName(info.param); });
+                         [](const auto& tested) { return kindName(tested.param); });
 
 }  // namespace
 }  // namespace gradagg_test

@@ -96,8 +96,8 @@ INSTANTIATE_TEST_SUITE_P(Policies, BufferSyncTest,
                          ::testing::Values(gradagg::BufferSync::kFromRank0,
                                            gradagg::BufferSync::kMean,
                                            gradagg::BufferSync::kKeepParent),
-                         [](const auto& info) {
-                           switch (info.param) {
+                         [](const auto& tested) {
+                           switch (tested.param) {
                              case gradagg::BufferSync::kFromRank0:
                                return "FromRank0";
                              case gradagg::BufferSync::kMean:

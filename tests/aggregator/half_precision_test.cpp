@@ -97,9 +97,9 @@ INSTANTIATE_TEST_SUITE_P(
     Dtypes, HalfPrecision,
     ::testing::Values(HalfCase{torch::kBFloat16, false}, HalfCase{torch::kHalf, false},
                       HalfCase{torch::kBFloat16, true}, HalfCase{torch::kHalf, true}),
-    [](const auto& info) {
-      return std::string(info.param.dtype == torch::kBFloat16 ? "BFloat16" : "Float16") +
-             (info.param.mixed ? "WithFloat32Layer" : "");
+    [](const auto& tested) {
+      return std::string(tested.param.dtype == torch::kBFloat16 ? "BFloat16" : "Float16") +
+             (tested.param.mixed ? "WithFloat32Layer" : "");
     });
 
 TEST_F(GradaggTest, BFloat16MlpTrainsLikeOneProcess) {

@@ -78,8 +78,8 @@ TEST_P(KilledInPhase, RaisesWorkerDiedWithinASecondAndChangesNothing) {
 INSTANTIATE_TEST_SUITE_P(Phases, KilledInPhase,
                          ::testing::Values(Phase::kWaiting, Phase::kLoadingSnapshot, Phase::kShard,
                                            Phase::kBackward, Phase::kWritingSlot, Phase::kReducing),
-                         [](const auto& info) {
-                           std::string name = gradagg::phaseName(info.param);
+                         [](const auto& tested) {
+                           std::string name = gradagg::phaseName(tested.param);
                            std::string out;
                            bool up = true;
                            for (char c : name) {

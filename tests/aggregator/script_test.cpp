@@ -91,7 +91,7 @@ TEST_P(Script, TrainsLikeOneProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, Script, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "Train" : "Eval"; });
+                         [](const auto& tested) { return tested.param ? "Train" : "Eval"; });
 
 TEST_F(Script, AReplacedParameterIsAnError) {
   torch::jit::Module model = makeScript();

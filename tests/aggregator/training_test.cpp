@@ -51,9 +51,9 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, Training,
                                            TrainCase{Opt::kSgd, torch::kDouble},
                                            TrainCase{Opt::kAdam, torch::kFloat},
                                            TrainCase{Opt::kAdam, torch::kDouble}),
-                         [](const auto& info) {
-                           return std::string(info.param.opt == Opt::kSgd ? "Sgd" : "Adam") +
-                                  (info.param.dtype == torch::kFloat ? "Float32" : "Float64");
+                         [](const auto& tested) {
+                           return std::string(tested.param.opt == Opt::kSgd ? "Sgd" : "Adam") +
+                                  (tested.param.dtype == torch::kFloat ? "Float32" : "Float64");
                          });
 
 std::vector<torch::Tensor> trainOnce(int workers) {

@@ -75,7 +75,7 @@ std::string inChild(const std::function<std::string()>& body) {
 
 // A model with buffers (BatchNorm) trained by Adam through an Aggregator.
 struct Training {
-  explicit Training(ModelKind kind = ModelKind::kConvBnTrain) : kind(kind) {}
+  explicit Training(ModelKind kind_ = ModelKind::kConvBnTrain) : kind(kind_) {}
   ModelKind kind;
   std::shared_ptr<TestModel> model = makeModel(kind, torch::kFloat);
   std::unique_ptr<torch::optim::Adam> opt =

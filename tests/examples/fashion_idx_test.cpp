@@ -71,7 +71,7 @@ TEST_P(FashionIdxRoundTrip, ReadsBackWhatWasWritten) {
   }
 }
 INSTANTIATE_TEST_SUITE_P(GzipAndPlain, FashionIdxRoundTrip, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "Gzipped" : "Plain"; });
+                         [](const auto& tested) { return tested.param ? "Gzipped" : "Plain"; });
 
 TEST(FashionIdx, RejectsAMissingFile) {
   TempDir dir;

@@ -192,10 +192,10 @@ INSTANTIATE_TEST_SUITE_P(Cases, FashionTrainingParity,
                                            ParityCase{2, 8, OptimizerKind::kSgd, 0.1},
                                            ParityCase{3, 5, OptimizerKind::kAdam, 1e-2},
                                            ParityCase{4, 31, OptimizerKind::kAdam, 1e-2}),
-                         [](const auto& info) {
-                           return std::to_string(info.param.workers) + "x" +
-                                  std::to_string(info.param.batch) + "_" +
-                                  fashion::optimizerName(info.param.optimizer);
+                         [](const auto& tested) {
+                           return std::to_string(tested.param.workers) + "x" +
+                                  std::to_string(tested.param.batch) + "_" +
+                                  fashion::optimizerName(tested.param.optimizer);
                          });
 
 class FashionTrainingResume : public FashionTrainingTest,
@@ -246,7 +246,7 @@ TEST_P(FashionTrainingResume, ResumedRunEqualsUninterruptedRun) {
 }
 
 INSTANTIATE_TEST_SUITE_P(GradaggAndSingle, FashionTrainingResume, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "Single" : "TwoWorkers"; });
+                         [](const auto& tested) { return tested.param ? "Single" : "TwoWorkers"; });
 
 TEST_F(FashionTrainingTest, ResumeRefusesOtherSettings) {
   TempDir dir;

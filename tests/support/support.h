@@ -39,7 +39,7 @@ Data makeData(ModelKind kind, int64_t batch, torch::Dtype dtype, uint64_t seed =
 
 // Rows of a tensor pair as a torch::data map-style dataset (gradagg::data's tests).
 struct Rows : torch::data::datasets::Dataset<Rows> {
-  Rows(torch::Tensor x, torch::Tensor y) : x(std::move(x)), y(std::move(y)) {}
+  Rows(torch::Tensor x_, torch::Tensor y_) : x(std::move(x_)), y(std::move(y_)) {}
   torch::data::Example<> get(std::size_t i) override {
     const auto row = static_cast<int64_t>(i);
     return {x[row], y[row]};

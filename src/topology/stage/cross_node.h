@@ -49,7 +49,7 @@
 #include "step/layout.h"
 #include "step/stage.h"
 #include "topology/group/node_group.h"
-#include "topology/topology.h"
+#include "topology/stage/placement.h"
 
 namespace gradagg::detail {
 

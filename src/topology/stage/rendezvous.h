@@ -7,7 +7,7 @@
 
 #include "model/model_binding.h"
 #include "topology/group/node_group.h"
-#include "topology/topology.h"
+#include "topology/stage/placement.h"
 
 namespace gradagg::detail {
 
