@@ -45,7 +45,7 @@
 
 namespace gradagg::detail::pop {
 
-inline constexpr std::uint64_t kPopMagic = 0x3170'6f70'6761'7267ULL;  // "grgapop1"
+inline constexpr std::uint64_t kPopMagic = 0x3170'6f70'6761'7267ULL;  // "gragpop1", little-endian
 inline constexpr std::uint32_t kPopLayoutVersion = 1;
 inline constexpr int kSlots = 3;
 inline constexpr int kMaxHp = 16;

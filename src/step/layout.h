@@ -62,7 +62,7 @@
 
 namespace gradagg::detail {
 
-inline constexpr std::uint64_t kMagic = 0x3167'6761'6461'7267ULL;  // "grdagg1"
+inline constexpr std::uint64_t kMagic = 0x3167'6761'6461'7267ULL;  // "gradagg1", little-endian
 inline constexpr std::uint32_t kLayoutVersion = 7;
 // Arrive lines for early buckets (step/buckets.h) in the header.
 inline constexpr int kMaxEarlyBuckets = 64;
