@@ -169,8 +169,9 @@ class ShardedBatches {
       : plan_(knownSize(dataset), batch_size, options),
         dataset_(std::move(dataset)),
         parent_(::getpid()) {}
-  // A prefetch in flight holds `this`: moving waits for it first.
-  ShardedBatches(ShardedBatches&& other)
+  // A prefetch in flight holds `this`: moving waits for it first. Not noexcept:
+  // the wait and the user's Dataset's own move may throw.
+  ShardedBatches(ShardedBatches&& other)  // NOLINT(performance-noexcept-move-constructor)
       : plan_((other.drain(), std::move(other.plan_))),
         dataset_(std::move(other.dataset_)),
         parent_(other.parent_) {}

@@ -65,6 +65,7 @@ using namespace detail;
 namespace {
 std::vector<WorkerWords> workerWords(const SegmentMap& map, int workers) {
   std::vector<WorkerWords> words;
+  words.reserve(static_cast<std::size_t>(workers));
   for (int r = 0; r < workers; ++r)
     words.push_back({&map.control(r).phase, &map.control(r).done_seq});
   return words;

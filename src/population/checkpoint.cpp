@@ -31,6 +31,7 @@ void saveMembers(const std::string& path, const std::vector<MemberSnapshot>& mem
                                                          s.step, s.last_copy_step}));
     a.write("score", at::tensor(s.score, at::kDouble));
     std::vector<double> hp;
+    hp.reserve(hp_names.size());
     for (const auto& name : hp_names) hp.push_back(s.hyperparams.at(name));
     a.write("hp", at::tensor(hp, at::kDouble).reshape({static_cast<std::int64_t>(hp.size())}));
     a.write("optimizer",

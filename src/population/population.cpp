@@ -156,11 +156,13 @@ struct Population::Impl {
     const int n = options.workers;
     const int threads = options.threads_per_worker > 0 ? options.threads_per_worker
                                                        : std::max(1, availableCores() / n);
+    setups.reserve(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r)
       setups.push_back(MemberSetup{r, segment.base(), layout, binding.get(), model, &fns, &options,
                                    &hp_names, initial_hp[static_cast<std::size_t>(r)], 0,
                                    ::getpid(), threads});
     std::vector<WorkerWords> words;
+    words.reserve(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r)
       words.push_back({&area(r).control->phase, &area(r).control->done_seq});
     channel = ParentChannel(header().command_seq, std::move(words), processes,
@@ -296,6 +298,7 @@ struct Population::Impl {
 
   void checkpoint(const std::string& path) const {
     std::vector<MemberSnapshot> members;
+    members.reserve(static_cast<std::size_t>(options.workers));
     for (int r = 0; r < options.workers; ++r) members.push_back(snapshot(r));
     saveMembers(path, members, hp_names);
   }
@@ -303,7 +306,9 @@ struct Population::Impl {
 
 Population::Population(torch::nn::Module& model, PopulationFns fns, PopulationOptions options)
     : impl_(std::make_unique<Impl>(&model, viewOf(model), std::move(fns), std::move(options))) {}
-Population::Population(ModelView model, PopulationFns fns, PopulationOptions options)
+// By value, as Aggregator's (the API's one convention for a view).
+Population::Population(ModelView model,  // NOLINT(performance-unnecessary-value-param)
+                       PopulationFns fns, PopulationOptions options)
     : impl_(std::make_unique<Impl>(nullptr, model, std::move(fns), std::move(options))) {}
 Population::~Population() = default;
 std::vector<CopyEvent> Population::generation() { return impl_->generation_(); }

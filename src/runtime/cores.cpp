@@ -79,8 +79,12 @@ int cgroupCpuQuota(const std::string& cgroup_fs, const std::string& self_cgroup)
     std::istringstream list(controllers);
     for (std::string n; std::getline(list, n, ',');) names.push_back(n);
     if (std::find(names.begin(), names.end(), "cpu") == names.end()) continue;
-    for (const std::string& mount : {controllers, std::string("cpu,cpuacct"), std::string("cpu")})
-      take(tightest(cgroup_fs + "/" + mount, path, readV1));
+    for (const std::string& mount : {controllers, std::string("cpu,cpuacct"), std::string("cpu")}) {
+      std::string dir = cgroup_fs;
+      dir += '/';
+      dir += mount;
+      take(tightest(dir, path, readV1));
+    }
   }
   return best;
 }

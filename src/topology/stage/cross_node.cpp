@@ -45,6 +45,7 @@ void CrossNode::attach(const SegmentMap& segment) {
   // after them; likewise with compression, so the status stays exact.
   const std::uint64_t param_bytes = segment_.layout.sizes.param_bytes;
   std::vector<std::pair<ByteRange, c10::ScalarType>> units;
+  units.reserve(static_cast<std::size_t>(plan_.size()));
   for (int b = 0; b < plan_.size(); ++b) units.emplace_back(plan_.ranges[b], plan_.dtypes[b]);
   if (plan_.whole()) std::reverse(units.begin(), units.end());
   status_dtype_ = plan_.size() > 0 ? plan_.dtypes.front() : c10::ScalarType::Double;

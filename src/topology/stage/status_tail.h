@@ -47,7 +47,7 @@ namespace status_detail {
 constexpr std::int64_t kLow = 4096;
 template <typename T>
 void putCount(T* s, std::int64_t v) {
-  s[0] = static_cast<T>(v / kLow);
+  s[0] = static_cast<T>(v / kLow);  // NOLINT(bugprone-integer-division): the high part, exact
   s[1] = static_cast<T>(v % kLow);
 }
 template <typename T>

@@ -96,7 +96,7 @@ std::string admitOthers(c10d::Store& store, const NodeOptions& o, const Deadline
     between();
     return left == 0;
   });
-  const std::string prefix = privatePrefix(o, run);
+  std::string prefix = privatePrefix(o, run);
   put(store, fmt::format("{}/{}/ready", o.store_prefix, prefix), "1");
   return prefix;
 }
@@ -118,7 +118,7 @@ std::string joinNode0(c10d::Store& store, const NodeOptions& o, const Deadline& 
       sign(o, "confirm", ack.run, r, nonce));
   if (!sameProof(ack.proof, proofOf(o.token, statement("ack", ack.run, r, nonce))))
     refuse(o, 0, ack.proof);
-  const std::string prefix = privatePrefix(o, ack.run);
+  std::string prefix = privatePrefix(o, ack.run);
   const std::string ready = fmt::format("{}/{}/ready", o.store_prefix, prefix);
   pollUntil(deadline, "node 0 to admit every node", [&] {
     between();

@@ -25,7 +25,7 @@ std::string firstSlurmHost(const std::string& list) {
     if (list[end] == ']') --depth;
     if (list[end] == ',' && depth == 0) break;
   }
-  const std::string first = list.substr(0, end);
+  std::string first = list.substr(0, end);
   const std::size_t open = first.find('[');
   if (open == std::string::npos) return first;
   const std::size_t close = first.find(']', open);
