@@ -19,8 +19,10 @@
 //      The parent waits on `reduced` with a deadline, checking every slice that
 //      each worker is alive; with early buckets it sums those itself first and
 //      hands each to the stage as it is ready;
-//   4. second stage: the ReductionStage the topology gave (step/stage.h)
-//      combines the totals and the result with the other groups', if any;
+//   4. collect, reduce, judge (step/outcome.h): the parent reads what its
+//      workers contributed, the ReductionStage the topology gave
+//      (step/stage.h) combines it with the other groups', if any, and the
+//      verdict says whether the step goes through;
 //   5. apply: the parameters' .grad move to the new result (or become undefined
 //      where no worker produced a gradient); buffers follow Options::buffers.
 // Nothing the user can see changes before step 5, so a failed step changes
@@ -54,6 +56,7 @@
 #include "step/layout.h"
 #include "step/message.h"
 #include "step/metrics.h"
+#include "step/outcome.h"
 #include "step/reduce_scatter.h"
 #include "step/slots.h"
 #include "topology/topology.h"
@@ -103,8 +106,8 @@ struct Aggregator::Impl {
   // Early buckets were sent when a wait for the workers failed: the other
   // groups saw the step fail, so this one cannot redo it with fresh workers.
   bool peers_saw_failure = false;
-  bool warned_identical = false;       // identical gradients were said (once per Aggregator)
-  std::vector<std::uint8_t> any_grad;  // per parameter, this step
+  bool warned_identical = false;  // identical gradients were said (once per Aggregator)
+  RowMap row_map;                 // where each parameter's rows lie in a slot's rows
   ResultPair results;
   StepReport report;
 
@@ -145,7 +148,7 @@ struct Aggregator::Impl {
     errors.emplace(*slots, binding, topology.placement.node);
     steps_done = options.start_step;
     ranges = splitRanges(stage().buckets().workerPart(layout.sizes.param_bytes), n);
-    any_grad.resize(binding.params().size());
+    row_map = rowMap(binding.params());
     if (model.current_parameters)
       for (const auto& p : model.current_parameters())
         param_list.push_back(p.unsafeGetTensorImpl());
@@ -295,39 +298,56 @@ struct Aggregator::Impl {
       throw;
     }
     times.reduced = Clock::now();
-    LocalOutcome local = slots->collect(any_grad);
-    if (identical_checks < kIdenticalChecks && !warned_identical && local.failed < 0 &&
-        local.non_finite < 0) {
+    const Contribution local = collect();
+    const auto stage_begin = Clock::now();
+    const Reduced all = stage().reduce(local, results.fresh());
+    times.stage_ms = millisSince(stage_begin);
+    switch (judge(local, all)) {
+      case Verdict::kWorkerFailed:
+        throw errors->workerFailed(local.failed_rank, steps_done);
+      case Verdict::kMetricsDiffer:
+        throw InvalidArgument(fmt::format("gradagg: step {}: {}", steps_done, local.metric_error));
+      case Verdict::kFailedElsewhere:
+        throw errors->elsewhere("a worker on another node failed", steps_done, "");
+      case Verdict::kNonFinite:
+        return skipOrRaise(local.non_finite_rank, all, times);
+      case Verdict::kNoSamples:
+        throw InvalidArgument(fmt::format(
+            "gradagg: in step {} every worker{} returned 0 samples: there is nothing to average; "
+            "nothing was changed",
+            steps_done,
+            topology.placement.global_workers > options.workers ? " of every node" : ""));
+      case Verdict::kApply:
+        break;
+    }
+    // The stage's last collective, before anything the user sees changes.
+    const std::byte* first = map.slotBuffers(0);
+    if (options.buffers == BufferSync::kFromRank0) first = stage().firstBuffers(first);
+    report.consecutive_skips = 0;
+    report.skipped = false;
+    apply->gradients(all);
+    results.flip();
+    apply->buffers(first);
+    apply->report(report, steps_done, all, times);
+    metrics->report(all.sums.metrics, report);
+    ++steps_done;
+    return report;
+  }
+
+  // The collect phase (step/outcome.h): what this group's workers left, with
+  // their metrics when none failed.
+  Contribution collect() {
+    Contribution local = slots->collect(row_map);
+    if (identical_checks < kIdenticalChecks && !warned_identical && !local.failed() &&
+        !local.nonFinite()) {
       ++identical_checks;
       warnIfIdentical();
     }
-    std::string metric_error;
-    if (!local.totals.failed) metric_error = metrics->collect(local.totals);
-    local.totals.failed = local.totals.failed || !metric_error.empty();
-    const auto stage_begin = Clock::now();
-    const StepTotals all = stage().reduce(local.totals, any_grad, results.fresh());
-    times.stage_ms = millisSince(stage_begin);
-    if (local.failed >= 0) throw errors->workerFailed(local.failed, steps_done);
-    if (!metric_error.empty())
-      throw InvalidArgument(fmt::format("gradagg: step {}: {}", steps_done, metric_error));
-    if (all.failed) throw errors->elsewhere("a worker on another node failed", steps_done, "");
-    if (all.non_finite) return skipOrRaise(local.non_finite, all, times);
-    if (all.weight_total == 0)
-      throw InvalidArgument(fmt::format(
-          "gradagg: in step {} every worker{} returned 0 samples: there is nothing to average; "
-          "nothing was changed",
-          steps_done, topology.placement.global_workers > options.workers ? " of every node" : ""));
-    // The stage's last collective, before anything the user sees changes.
-    if (options.buffers == BufferSync::kFromRank0) stage().shareFirstBuffers(map.slotBuffers(0));
-    report.consecutive_skips = 0;
-    report.skipped = false;
-    apply->gradients(results.fresh(), any_grad);
-    results.flip();
-    apply->buffers();
-    apply->report(report, steps_done, all, times);
-    metrics->report(all, report);
-    ++steps_done;
-    return report;
+    if (local.failed()) return local;
+    MetricBook::Collected m = metrics->collect();
+    local.sums.metrics = m.sums;
+    local.metric_error = std::move(m.error);
+    return local;
   }
 
   // Misuse that trains silently: every worker computed on the same batch. It
@@ -368,17 +388,17 @@ struct Aggregator::Impl {
   void finishForPeers() noexcept {
     if (stage().earlySent() == 0) return;
     peers_saw_failure = true;
-    StepTotals failed;
-    failed.failed = true;
     try {
-      std::fill(any_grad.begin(), any_grad.end(), 0);
-      stage().reduce(failed, any_grad, results.fresh());
+      Contribution abandoned;
+      abandoned.abandoned = true;
+      abandoned.has_grad.assign(binding.params().size(), 0);
+      stage().reduce(abandoned, results.fresh());
     } catch (...) {  // the other groups are gone too: the first error says more
     }
   }
 
   // A non-finite gradient in worker `r` (or, r < 0, on another node).
-  const StepReport& skipOrRaise(int r, const StepTotals& all, const StepTimes& times) {
+  const StepReport& skipOrRaise(int r, const Reduced& all, const StepTimes& times) {
     const bool skip = options.non_finite == NonFinitePolicy::kSkipStep;
     if (skip && report.consecutive_skips < options.max_consecutive_skips) {
       apply->clearGradients();
@@ -386,7 +406,7 @@ struct Aggregator::Impl {
       ++report.skipped_total;
       report.skipped = true;
       apply->report(report, steps_done, all, times);
-      metrics->report(all, report);
+      metrics->report(all.sums.metrics, report);
       ++steps_done;
       return report;
     }

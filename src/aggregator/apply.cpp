@@ -31,16 +31,15 @@ Applier::Applier(ModelBinding& binding, const SegmentMap& segment, const Options
   inputs_.resize(static_cast<std::size_t>(workers_));
 }
 
-void Applier::gradients(int result, const std::vector<std::uint8_t>& any_grad) {
+void Applier::gradients(const Reduced& step) {
   auto& params = binding_.params();
+  const std::vector<at::Tensor>& views = result_views_[step.result];
   for (std::size_t k = 0; k < params.size(); ++k) {
     TensorEntry& p = params[k];
-    if (sparseOnly(any_grad[k])) {
-      touched_.resize(static_cast<std::size_t>(row_map_.rows[k]));
-      slots_.touchedRows(row_map_.offset[k], row_map_.rows[k], touched_.data());
-      p.tensor.mutable_grad() = sparseGradient(result_views_[result][k], touched_.data());
-    } else if (any_grad[k]) {
-      p.tensor.mutable_grad() = result_views_[result][k];
+    if (sparseOnly(step.has_grad[k])) {
+      p.tensor.mutable_grad() = sparseGradient(views[k], step.rows.data() + row_map_.offset[k]);
+    } else if (step.has_grad[k]) {
+      p.tensor.mutable_grad() = views[k];
     } else if (p.tensor.grad().defined()) {
       p.tensor.mutable_grad() = at::Tensor();
     }
@@ -52,7 +51,7 @@ void Applier::clearGradients() {
     if (p.tensor.grad().defined()) p.tensor.mutable_grad() = at::Tensor();
 }
 
-void Applier::buffers() {
+void Applier::buffers(const std::byte* first) {
   if (options_.buffers == BufferSync::kKeepParent) return;
   std::byte* master = binding_.bufferRegion();
   for (TensorEntry& b : binding_.buffers()) {
@@ -64,18 +63,18 @@ void Applier::buffers() {
       weightedSum(elementTypeOf(b.dtype), master + b.offset, inputs_.data(), weights_.data(),
                   workers_, static_cast<std::size_t>(b.tensor.numel()));
     } else {
-      std::memcpy(master + b.offset, segment_.slotBuffers(0) + b.offset, b.bytes);
+      std::memcpy(master + b.offset, first + b.offset, b.bytes);
     }
   }
 }
 
-void Applier::report(StepReport& report, std::int64_t step, const StepTotals& totals,
+void Applier::report(StepReport& report, std::int64_t step, const Reduced& totals,
                      const StepTimes& times) const {
   using Ms = std::chrono::duration<double, std::milli>;
   const auto end = Clock::now();
   report.step = step;
-  report.loss = totals.loss;
-  report.samples = totals.samples;
+  report.loss = totals.sums.loss;
+  report.samples = totals.sums.samples;
   report.reduce_ms = 0;
   for (int r = 0; r < workers_; ++r) {
     slots_.report(r, report.workers[r]);
@@ -86,9 +85,9 @@ void Applier::report(StepReport& report, std::int64_t step, const StepTotals& to
   report.apply_ms = Ms(end - times.reduced).count();
   report.total_ms = Ms(end - times.begin).count();
   report.node_ms = times.stage_ms;
-  report.node_bytes = totals.wire_bytes;
-  report.node_collectives = totals.collectives;
-  report.node_overlapped = totals.overlapped;
+  report.node_bytes = totals.wire.bytes;
+  report.node_collectives = totals.wire.collectives;
+  report.node_overlapped = totals.wire.overlapped;
 }
 
 }  // namespace gradagg::detail

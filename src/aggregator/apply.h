@@ -16,6 +16,7 @@
 #include "model/model_binding.h"
 #include "runtime/sync.h"
 #include "step/layout.h"
+#include "step/outcome.h"
 #include "step/slots.h"
 
 namespace gradagg::detail {
@@ -32,19 +33,18 @@ class Applier {
  public:
   Applier(ModelBinding& binding, const SegmentMap& segment, const Options& options);
 
-  // .grad of every parameter flagged in `any_grad` becomes a view of result
-  // `result`, or, where every gradient it got was sparse, a sparse coalesced
-  // gradient over the rows the workers touched (step/sparse_rows.h; across
-  // nodes the stage left everyone's rows in slot 0's); the others' .grad
-  // becomes undefined.
-  void gradients(int result, const std::vector<std::uint8_t>& any_grad);
+  // .grad of every parameter flagged in the step's has_grad becomes a view of
+  // its result region, or, where every gradient it got was sparse, a sparse
+  // coalesced gradient over the rows touched (step/sparse_rows.h); the
+  // others' .grad becomes undefined.
+  void gradients(const Reduced& step);
   // Every .grad undefined: optimizer.step() then changes nothing (a skipped step).
   void clearGradients();
-  // The parent's buffers, as Options::buffers says (worker 0's are slot 0's,
-  // which the stage may have replaced: ReductionStage::shareFirstBuffers).
-  void buffers();
-  // The step's report, from the workers' control blocks and `totals`.
-  void report(StepReport& report, std::int64_t step, const StepTotals& totals,
+  // The parent's buffers, as Options::buffers says: the workers' weighted
+  // mean, or `first`, the first worker's (ReductionStage::firstBuffers).
+  void buffers(const std::byte* first);
+  // The step's report, from the workers' control blocks and the step's sums.
+  void report(StepReport& report, std::int64_t step, const Reduced& totals,
               const StepTimes& times) const;
 
  private:
@@ -55,9 +55,8 @@ class Applier {
   SlotReader slots_;
   std::vector<at::Tensor> result_views_[2];  // per parameter, into each result
   RowMap row_map_;
-  std::vector<std::uint8_t> touched_;  // a sparse parameter's rows, this step
-  std::vector<double> weights_;        // this step's, by rank
-  std::vector<const void*> inputs_;    // reused by the buffer mean
+  std::vector<double> weights_;      // this step's, by rank
+  std::vector<const void*> inputs_;  // reused by the buffer mean
 };
 
 }  // namespace gradagg::detail

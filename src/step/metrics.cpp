@@ -31,13 +31,13 @@ std::string MetricBook::namesOf(const WorkerControl& c) const {
   return quoted(names);
 }
 
-std::string MetricBook::collect(StepTotals& totals) {
+MetricBook::Collected MetricBook::collect() {
   const int n = map_.workers();
   int first = -1;  // the worker whose names are the agreed ones on the first step
   if (!agreed_) {
     for (int r = 0; r < n && first < 0; ++r)
       if (map_.control(r).samples > 0) first = r;
-    if (first < 0) return "";  // nobody had samples: the step is refused anyway
+    if (first < 0) return {};  // nobody had samples: the step is refused anyway
     const WorkerControl& c = map_.control(first);
     for (std::uint32_t i = 0; i < c.metric_count; ++i) names_.emplace_back(c.metrics[i].name);
   }
@@ -53,24 +53,27 @@ std::string MetricBook::collect(StepTotals& totals) {
                           first, namesOf(map_.control(first)));
       names_.clear();
     }
-    return error +
-           "; the shard function must return the same metric names in every worker and every "
-           "step (a worker with 0 samples may return none)";
+    Collected out;
+    out.error = error +
+                "; the shard function must return the same metric names in every worker and "
+                "every step (a worker with 0 samples may return none)";
+    return out;
   }
   agreed_ = true;
-  totals.metric_count = static_cast<int>(names_.size());
+  Collected out;
+  out.sums.count = static_cast<int>(names_.size());
   for (std::size_t i = 0; i < names_.size(); ++i) {
     double sum = 0;
     for (int r = 0; r < n; ++r) {
       const WorkerControl& c = map_.control(r);
       if (c.metric_count > 0) sum += c.metrics[i].value;
     }
-    totals.metrics[i] = sum;
+    out.sums.values[i] = sum;
   }
-  return "";
+  return out;
 }
 
-void MetricBook::report(const StepTotals& totals, StepReport& report) const {
+void MetricBook::report(const MetricSums& sums, StepReport& report) const {
   if (report.metrics.size() != names_.size()) {
     report.metrics.clear();
     for (const std::string& name : names_) report.metrics[name] = 0;
@@ -78,7 +81,7 @@ void MetricBook::report(const StepTotals& totals, StepReport& report) const {
   }
   std::size_t i = 0;
   for (auto& entry : report.metrics) {
-    entry.second = i < static_cast<std::size_t>(totals.metric_count) ? totals.metrics[i] : 0;
+    entry.second = i < static_cast<std::size_t>(sums.count) ? sums.values[i] : 0;
     ++i;
   }
   for (int r = 0; r < map_.workers(); ++r) {

@@ -10,6 +10,7 @@
 #include <gradagg/step_report.h>
 
 #include "step/layout.h"
+#include "step/outcome.h"
 #include "step/slots.h"
 
 namespace gradagg::detail {
@@ -18,13 +19,18 @@ class MetricBook {
  public:
   explicit MetricBook(const SegmentMap& map);
 
-  // After the workers arrived and none failed: "" when every worker's names
-  // are the agreed ones (the first call agrees on them), else what differs,
-  // naming the worker. Sums this group's values into `totals`.
-  std::string collect(StepTotals& totals);
+  // After the workers arrived and none failed, the collect phase's metrics
+  // (step/outcome.h): this group's sums when every worker's names are the
+  // agreed ones (the first call agrees on them), else `error` says what
+  // differs, naming the worker.
+  struct Collected {
+    MetricSums sums;
+    std::string error;
+  };
+  Collected collect();
   // The sums (after the stage: everyone's) and each worker's values into the
   // report's maps, built on the first step and updated in place after.
-  void report(const StepTotals& totals, StepReport& report) const;
+  void report(const MetricSums& sums, StepReport& report) const;
 
  private:
   bool matches(const WorkerControl& c) const;

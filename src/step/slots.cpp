@@ -200,15 +200,13 @@ bool SlotReader::identicalGradients() const {
   return false;
 }
 
-LocalOutcome SlotReader::collect(std::vector<std::uint8_t>& any_grad) const {
-  LocalOutcome out;
+Contribution SlotReader::collect(const RowMap& rows) const {
+  Contribution out;
   for (int r = workers_ - 1; r >= 0; --r) {
-    if (status(r) == SlotStatus::kFailed) out.failed = r;
-    if (status(r) == SlotStatus::kNonFinite) out.non_finite = r;
+    if (status(r) == SlotStatus::kFailed) out.failed_rank = r;
+    if (status(r) == SlotStatus::kNonFinite) out.non_finite_rank = r;
   }
-  StepTotals& t = out.totals;
-  t.failed = out.failed >= 0;
-  t.non_finite = out.non_finite >= 0;
+  StepSums& t = out.sums;
   t.weight_total = map_.header().weight_total;
   const SlotWeight* weights = map_.weights();
   for (int r = 0; r < workers_; ++r) {
@@ -216,20 +214,21 @@ LocalOutcome SlotReader::collect(std::vector<std::uint8_t>& any_grad) const {
     t.loss += weights[r].weight * c.loss;
     t.samples += c.samples;
   }
-  for (std::size_t k = 0; k < any_grad.size(); ++k) {
+  const std::size_t params = rows.rows.size();
+  out.has_grad.assign(params, 0);
+  for (std::size_t k = 0; k < params; ++k) {
     std::uint8_t flags = 0;
     for (int r = 0; r < workers_; ++r) flags |= map_.slotFlags(r)[k];
-    any_grad[k] = flags;
+    out.has_grad[k] = flags;
+    if (!sparseOnly(flags)) continue;
+    if (out.rows.empty()) out.rows.assign(rows.bytes, 0);
+    std::uint8_t* touched = out.rows.data() + rows.offset[k];
+    for (int r = 0; r < workers_; ++r) {
+      const std::uint8_t* in = map_.slotRows(r) + rows.offset[k];
+      for (std::int64_t i = 0; i < rows.rows[k]; ++i) touched[i] |= in[i];
+    }
   }
   return out;
-}
-
-void SlotReader::touchedRows(std::uint64_t offset, std::int64_t rows, std::uint8_t* out) const {
-  std::memset(out, 0, static_cast<std::size_t>(rows));
-  for (int r = 0; r < workers_; ++r) {
-    const std::uint8_t* in = map_.slotRows(r) + offset;
-    for (std::int64_t i = 0; i < rows; ++i) out[i] |= in[i];
-  }
 }
 
 std::string SlotReader::message(int r) const {

@@ -16,39 +16,11 @@
 #include "model/model_binding.h"
 #include "step/flat.h"
 #include "step/layout.h"
+#include "step/outcome.h"
 #include "step/sparse_rows.h"
 #include "step/weights.h"
 
 namespace gradagg::detail {
-
-// A step's outcome: this group's after its workers reduced; everyone's after
-// the reduction stage (step/stage.h).
-struct StepTotals {
-  bool failed = false;      // a worker failed (after the stage: anywhere)
-  bool non_finite = false;  // a gradient or loss was NaN or infinite (idem)
-  double weight_total = 0;  // D: the samples, or one per worker with equal weighting
-  // sum_i w_i loss_i with the step's weights (step/weights.h): the mean loss,
-  // or, where the stage divides later, sum_i n_i loss_i until it has.
-  double loss = 0;
-  std::int64_t samples = 0;
-  // ShardResult::metrics summed over the workers, in the agreed names' order
-  // (step/metrics.h): this group's, then, after the stage, everyone's.
-  int metric_count = 0;
-  double metrics[ShardResult::kMaxMetrics] = {};
-  // After the stage: the bytes this process contributed to the stage's
-  // collectives, how many carried the step, and how many of them started
-  // while the workers computed (all 0 when there is nothing to combine).
-  std::uint64_t wire_bytes = 0;
-  int collectives = 0;
-  int overlapped = 0;
-};
-
-// What the workers left after they arrived on `reduced`.
-struct LocalOutcome {
-  int failed = -1;      // the first rank whose status is kFailed, or -1
-  int non_finite = -1;  // the first rank whose status is kNonFinite, or -1
-  StepTotals totals;
-};
 
 // What a worker's step came to, written into its control block.
 struct SlotSummary {
@@ -119,12 +91,10 @@ class SlotReader {
 
   // Before the parent forks a group: every status ok, no message.
   void prepareStart();
-  // Statuses, totals (with the closer's weights) and, per parameter, the
-  // has-grad flags of the workers OR-ed (`any_grad`: kDenseGrad, kSparseGrad).
-  LocalOutcome collect(std::vector<std::uint8_t>& any_grad) const;
-  // The rows [offset, offset + rows) of the slots' rows, OR-ed over the
-  // workers, into `out` (step/sparse_rows.h).
-  void touchedRows(std::uint64_t offset, std::int64_t rows, std::uint8_t* out) const;
+  // The collect phase (step/outcome.h), metrics aside: statuses, sums (with
+  // the closer's weights), the has-grad flags OR-ed and, for parameters whose
+  // every gradient was sparse, the rows touched OR-ed (`rows` says where).
+  Contribution collect(const RowMap& rows) const;
   // Every worker with samples left the same gradient, bit for bit, and it is
   // not all zeros: they most likely read the same batch (a parent's iterator
   // read in the shard function). False with fewer than two such workers.

@@ -5,9 +5,9 @@
 // LocalStage below, which has nothing to combine; topology/topology.h makes
 // the others.
 //
-// The stage owns two things of the step's segment: the tail after each result
-// (tailBytes(), opaque to the step) and, with BufferSync::kFromRank0, the right
-// to replace the first worker's buffers before the parent takes them.
+// The stage owns the tail after each result in the step's segment (tailBytes(),
+// opaque to the step); it reads the workers' slots only through the
+// Contribution it is given (step/outcome.h).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,7 @@
 
 #include "step/buckets.h"
 #include "step/layout.h"
-#include "step/slots.h"
+#include "step/outcome.h"
 
 namespace gradagg::detail {
 
@@ -37,17 +37,17 @@ class ReductionStage {
 
   // Before step `step` is commanded. Throws the stage's Error.
   virtual void beforeStep(std::int64_t /*step*/) {}
-  // After this group's workers reduced into result region `result`: combines
-  // the totals; when nothing failed anywhere, also the result (left as the
-  // mean gradient) and `any_grad` (per parameter: in, this group's flags; out,
-  // everyone's). Throws the stage's Error.
-  virtual StepTotals reduce(const StepTotals& local, std::vector<std::uint8_t>& /*any_grad*/,
-                            int /*result*/) {
-    return local;
+  // The reduce phase (step/outcome.h): after this group's workers reduced
+  // into result region `result`, combines `local` with the other groups'.
+  // When nothing failed anywhere, the returned Reduced's result region holds
+  // the mean gradient. Throws the stage's Error.
+  virtual Reduced reduce(const Contribution& local, int result) {
+    return Reduced::of(local, result);
   }
-  // BufferSync::kFromRank0, after a step that went through: `buffers` (the
-  // first worker's slot buffers) become the first worker's of every group.
-  virtual void shareFirstBuffers(std::byte* /*buffers*/) {}
+  // BufferSync::kFromRank0, after a step that goes through: `local` (the
+  // first worker's slot buffers) in, where the first worker's buffers of the
+  // first group lie out (the stage's own copy, or `local` itself).
+  virtual const std::byte* firstBuffers(const std::byte* local) { return local; }
   // Early bucket `bucket` of this group is summed in result region `result`:
   // start combining it (in the background: reduce() waits for it and reports
   // its failure). `overlapped`: the workers were still computing when it went.

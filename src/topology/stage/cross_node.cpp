@@ -82,88 +82,94 @@ void CrossNode::beforeStep(std::int64_t step) {
   if (checksum_interval_ > 0 && step > 0 && step % checksum_interval_ == 0) checkParameters(step);
 }
 
-StepTotals CrossNode::reduce(const StepTotals& local, std::vector<std::uint8_t>& any_grad,
-                             int result) {
+Reduced CrossNode::reduce(const Contribution& local, int result) {
   std::byte* status = segment_.tail(result);
   const bool wide = status_dtype_ == c10::ScalarType::Double;
   if (wide)
-    writeStatus<double>(status, local, any_grad);
+    writeStatus<double>(status, local);
   else
-    writeStatus<float>(status, local, any_grad);
+    writeStatus<float>(status, local);
   // A node whose workers failed sends whatever its result holds: every node
   // then sees the failure in the status and discards the sums.
   const int overlapped = overlapped_;
   const int sent = awaitSent();
   for (std::size_t i = static_cast<std::size_t>(sent); i < pieces_.size(); ++i)
     send(pieces_[i], result);
-  const StepTotals all =
-      wide ? readStatus<double>(status, any_grad) : readStatus<float>(status, any_grad);
-  StepTotals out = all;
-  out.wire_bytes = wire_bytes_;
-  out.collectives = static_cast<int>(pieces_.size());
-  out.overlapped = overlapped;
-  if (all.failed || all.non_finite) return out;
-  sumMetrics(local, out);
-  unionRows(any_grad, out);
-  if (all.weight_total > 0) divide(result, any_grad, all.weight_total);  // 0: refused
+  const std::size_t params = binding_.params().size();
+  NodeStatus all = wide ? readStatus<double>(status, params) : readStatus<float>(status, params);
+  Reduced out;
+  out.failed = all.failed;
+  out.non_finite = all.non_finite;
+  out.sums = all.sums;
+  out.result = result;
+  out.has_grad = std::move(all.has_grad);
+  out.wire.bytes = wire_bytes_;
+  out.wire.collectives = static_cast<int>(pieces_.size());
+  out.wire.overlapped = overlapped;
+  if (out.failed || out.non_finite) return out;
+  out.sums.metrics = sumMetrics(local.sums.metrics, all.metric_nodes, all.metric_names);
+  out.wire.collectives += out.sums.metrics.count > 0 ? 1 : 0;
+  out.rows = unionRows(local.rows, out.has_grad);
+  out.wire.collectives += out.rows.empty() ? 0 : 1;
+  if (out.sums.weight_total > 0) divide(result, out.has_grad, out.sums.weight_total);  // 0: refused
   return out;
 }
 
-void CrossNode::sumMetrics(const StepTotals& local, StepTotals& out) {
+MetricSums CrossNode::sumMetrics(const MetricSums& local, int nodes, int names) {
   // Every node whose workers returned metrics returns the same names (each
   // node's parent checked its own against its first step). A node without
   // (its workers had no samples) takes part with zeros. Whether the nodes
   // agree is decided from sums only, so that every node decides alike (a node
   // that went on alone would wait in a collective nobody else joins): with
-  // counts c_i on the `with` nodes that have any, all are equal exactly when
-  // with * sum(c_i^2) == (sum c_i)^2; the squares cross with the values.
-  const int with = out.metric_count % kMetricNodes, names = out.metric_count / kMetricNodes;
-  if (with == 0) {
-    out.metric_count = 0;
-    return;
-  }
+  // counts c_i on the `nodes` nodes that have any, all are equal exactly when
+  // nodes * sum(c_i^2) == (sum c_i)^2; the squares cross with the values.
+  MetricSums out;
+  if (nodes == 0) return out;
   constexpr int kSquares = ShardResult::kMaxMetrics;  // the slot after the values
   if (!metrics_.defined()) metrics_ = at::zeros({kSquares + 1}, at::kDouble);
   double* values = metrics_.data_ptr<double>();
-  for (int i = 0; i < kSquares; ++i) values[i] = i < local.metric_count ? local.metrics[i] : 0;
-  values[kSquares] = static_cast<double>(local.metric_count) * local.metric_count;
+  for (int i = 0; i < kSquares; ++i) values[i] = i < local.count ? local.values[i] : 0;
+  values[kSquares] = static_cast<double>(local.count) * local.count;
   group_.allreduceSum(metrics_, "the cross-node metric allreduce");
-  ++out.collectives;
-  if (static_cast<double>(with) * values[kSquares] != static_cast<double>(names) * names)
+  if (static_cast<double>(nodes) * values[kSquares] != static_cast<double>(names) * names)
     throw InvalidArgument(fmt::format(
         "gradagg: the nodes' shard functions return different metrics (node {}: {} names; "
         "{} names over the {} nodes that returned any); every node must return the same names",
-        group_.rank(), local.metric_count, names, with));
-  out.metric_count = names / with;
-  for (int i = 0; i < out.metric_count; ++i) out.metrics[i] = values[i];
+        group_.rank(), local.count, names, nodes));
+  out.count = names / nodes;
+  for (int i = 0; i < out.count; ++i) out.values[i] = values[i];
+  return out;
 }
 
-void CrossNode::unionRows(const std::vector<std::uint8_t>& any_grad, StepTotals& out) {
+std::vector<std::uint8_t> CrossNode::unionRows(const std::vector<std::uint8_t>& local,
+                                               const std::vector<std::uint8_t>& has_grad) {
   std::int64_t count = 0;
-  for (std::size_t k = 0; k < any_grad.size(); ++k)
-    if (sparseOnly(any_grad[k])) count += row_map_.rows[k];
-  if (count == 0) return;
-  // This node's union (the slots OR-ed, as the Applier reads them), as int32
-  // counts that sum over the nodes; then everyone's into slot 0's rows.
-  const SlotReader slots(segment_);
-  std::vector<std::uint8_t> local(static_cast<std::size_t>(count));
+  for (std::size_t k = 0; k < has_grad.size(); ++k)
+    if (sparseOnly(has_grad[k])) count += row_map_.rows[k];
+  if (count == 0) return {};
+  // This node's rows of the parameters sparse everywhere (zeros where its own
+  // workers gave none, or a dense gradient), as int32 counts that sum over
+  // the nodes.
+  at::Tensor rows = at::zeros({count}, at::kInt);
+  std::int32_t* packed = rows.data_ptr<std::int32_t>();
   std::int64_t pos = 0;
-  for (std::size_t k = 0; k < any_grad.size(); ++k) {
-    if (!sparseOnly(any_grad[k])) continue;
-    slots.touchedRows(row_map_.offset[k], row_map_.rows[k], local.data() + pos);
+  for (std::size_t k = 0; k < has_grad.size(); ++k) {
+    if (!sparseOnly(has_grad[k])) continue;
+    if (!local.empty())
+      for (std::int64_t i = 0; i < row_map_.rows[k]; ++i)
+        packed[pos + i] = local[row_map_.offset[k] + static_cast<std::uint64_t>(i)];
     pos += row_map_.rows[k];
   }
-  at::Tensor rows = at::from_blob(local.data(), {count}, at::kByte).to(at::kInt);
   group_.allreduceSum(rows, "the cross-node allreduce of the sparse gradients' rows");
-  const std::int32_t* all = rows.data_ptr<std::int32_t>();
+  std::vector<std::uint8_t> out(row_map_.bytes, 0);
   pos = 0;
-  for (std::size_t k = 0; k < any_grad.size(); ++k) {
-    if (!sparseOnly(any_grad[k])) continue;
-    std::uint8_t* first = segment_.slotRows(0) + row_map_.offset[k];
-    for (std::int64_t i = 0; i < row_map_.rows[k]; ++i) first[i] = all[pos + i] > 0 ? 1 : 0;
+  for (std::size_t k = 0; k < has_grad.size(); ++k) {
+    if (!sparseOnly(has_grad[k])) continue;
+    std::uint8_t* touched = out.data() + row_map_.offset[k];
+    for (std::int64_t i = 0; i < row_map_.rows[k]; ++i) touched[i] = packed[pos + i] > 0 ? 1 : 0;
     pos += row_map_.rows[k];
   }
-  ++out.collectives;
+  return out;
 }
 
 void CrossNode::send(Piece& piece, int result) {
@@ -243,27 +249,32 @@ int CrossNode::earlySent() const {
   return queued_;
 }
 
-void CrossNode::divide(int result, const std::vector<std::uint8_t>& any_grad, double total) {
+void CrossNode::divide(int result, const std::vector<std::uint8_t>& has_grad, double total) {
   std::byte* out = segment_.result(result);
   const auto& params = binding_.params();
   for (std::size_t k = 0; k < params.size(); ++k) {
-    if (!any_grad[k]) continue;
+    if (!has_grad[k]) continue;
     scaleInPlace(elementTypeOf(params[k].dtype), out + params[k].offset,
                  static_cast<std::size_t>(params[k].tensor.numel()), 1.0 / total);
   }
 }
 
-void CrossNode::shareFirstBuffers(std::byte* buffers) {
-  if (!gather_buffers_) return;
-  if (first_buffers_.empty() || first_buffers_base_ != buffers) {
-    first_buffers_.clear();
-    for (const TensorEntry& e : binding_.buffers()) first_buffers_.push_back(viewAt(e, buffers));
-    first_buffers_base_ = buffers;
+const std::byte* CrossNode::firstBuffers(const std::byte* local) {
+  if (!gather_buffers_) return local;
+  const std::uint64_t bytes = segment_.layout.sizes.buffer_bytes;
+  if (!first_buffers_.defined()) {
+    first_buffers_ = at::empty({static_cast<std::int64_t>(bytes)}, at::kByte);
+    for (const TensorEntry& e : binding_.buffers())
+      first_buffer_views_.push_back(viewAt(e, static_cast<std::byte*>(first_buffers_.data_ptr())));
   }
-  for (at::Tensor& b : first_buffers_) {
-    if (group_.rank() != 0) std::memset(b.data_ptr(), 0, b.nbytes());
+  auto* copy = static_cast<std::byte*>(first_buffers_.data_ptr());
+  if (group_.rank() == 0)
+    std::memcpy(copy, local, bytes);
+  else
+    std::memset(copy, 0, bytes);
+  for (at::Tensor& b : first_buffer_views_)
     group_.allreduceSum(b, "the cross-node buffer allreduce");
-  }
+  return copy;
 }
 
 void CrossNode::checkParameters(std::int64_t step) {

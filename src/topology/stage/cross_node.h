@@ -13,8 +13,8 @@
 //     the step and discards the sums (nothing is applied anywhere);
 //   - else each node divides every parameter some node gave a gradient by the
 //     global D; with BufferSync::kFromRank0 the parent then hands the stage
-//     its worker 0's buffers (shareFirstBuffers) and the node parents
-//     allreduce them, the other nodes sending zeros: node 0's worker 0's.
+//     its worker 0's buffers (firstBuffers) and the node parents allreduce a
+//     copy, the other nodes sending zeros: node 0's worker 0's.
 // Gloo's ring gives every node the same bits, so every node takes the same
 // optimizer step.
 //
@@ -47,6 +47,7 @@
 #include "model/model_binding.h"
 #include "step/buckets.h"
 #include "step/layout.h"
+#include "step/sparse_rows.h"
 #include "step/stage.h"
 #include "topology/group/node_group.h"
 #include "topology/stage/placement.h"
@@ -70,9 +71,8 @@ class CrossNode final : public ReductionStage {
   // bound to the results; ends the rendezvous.
   void attach(const SegmentMap& segment) override;
   void beforeStep(std::int64_t step) override;  // the checksum, every checksum_interval steps
-  StepTotals reduce(const StepTotals& local, std::vector<std::uint8_t>& any_grad,
-                    int result) override;
-  void shareFirstBuffers(std::byte* buffers) override;
+  Reduced reduce(const Contribution& local, int result) override;
+  const std::byte* firstBuffers(const std::byte* local) override;
   void sendEarly(int bucket, int result, bool overlapped) override;
   int earlySent() const override;
 
@@ -89,12 +89,15 @@ class CrossNode final : public ReductionStage {
   // Waits until the early buckets queued this step are sent; returns how many
   // (and starts the count afresh). Rethrows the sender's NodeFailed.
   int awaitSent();
-  // The metrics' sums over the nodes into `out` (a collective of their own).
-  void sumMetrics(const StepTotals& local, StepTotals& out);
-  // For parameters whose gradients were sparse everywhere: the rows touched on
-  // any node into slot 0's rows (a collective of its own, only then).
-  void unionRows(const std::vector<std::uint8_t>& any_grad, StepTotals& out);
-  void divide(int result, const std::vector<std::uint8_t>& any_grad, double total);
+  // The metrics' sums over the nodes (a collective of their own), given how
+  // many nodes returned metrics and their name counts' sum (the status).
+  MetricSums sumMetrics(const MetricSums& local, int nodes, int names);
+  // For parameters whose gradients were sparse everywhere (`has_grad`,
+  // everyone's): the rows touched on any node, as Reduced::rows (a collective
+  // of its own, only then); empty when there are none.
+  std::vector<std::uint8_t> unionRows(const std::vector<std::uint8_t>& local,
+                                      const std::vector<std::uint8_t>& has_grad);
+  void divide(int result, const std::vector<std::uint8_t>& has_grad, double total);
   // The nodes' parameter checksums must agree (NodeFailed otherwise).
   void checkParameters(std::int64_t step);
 
@@ -110,11 +113,11 @@ class CrossNode final : public ReductionStage {
   std::vector<Piece> pieces_;
   std::uint64_t wire_bytes_ = 0;  // per step, from this node
   c10::ScalarType status_dtype_ = c10::ScalarType::Double;
-  std::vector<at::Tensor> first_buffers_;  // views of the buffers shareFirstBuffers gets
+  at::Tensor first_buffers_;                    // firstBuffers(): node 0's first buffers
+  std::vector<at::Tensor> first_buffer_views_;  // per buffer, into first_buffers_
   RowMap row_map_;
   at::Tensor metrics_;  // ShardResult::kMaxMetrics doubles, the metric sums that cross, and the
                         // sum of the nodes' squared name counts (sumMetrics)
-  const std::byte* first_buffers_base_ = nullptr;
   // The sender thread and what it shares with the parent's thread.
   std::thread sender_;
   mutable std::mutex mutex_;

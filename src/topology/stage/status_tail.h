@@ -9,7 +9,8 @@
 #include <vector>
 
 #include "runtime/segment.h"
-#include "step/slots.h"
+#include "step/outcome.h"
+#include "step/sparse_rows.h"
 
 namespace gradagg::detail {
 
@@ -20,20 +21,29 @@ struct StatusFields {
   T weight_total[2];  // D, as a count (putCount)
   T samples[2];       // the samples, as a count
   T loss;             // sum_i n_i loss_i (the workers' weights are n_i across nodes)
-  T metrics;          // per node: its metric names' count * kMetricNodes, + 1 when it has
-                      // any (a node whose workers had no samples has none); the values
-                      // cross in a collective of their own, in double
+  T metric_nodes;     // nodes whose workers returned metrics (a node whose workers
+                      // never had samples has none)
+  T metric_names;     // the metric names' counts of those nodes; the values cross in a
+                      // collective of their own, in double (CrossNode::sumMetrics)
   // Then one has-grad count per parameter: the nodes where some worker gave
   // it a dense gradient, plus kSparseNodes times those where one gave it a
   // sparse gradient (step/sparse_rows.h).
 };
-inline constexpr std::uint64_t kStatusFields = 8;
-// Exact in float32 for up to kMetricNodes - 1 nodes of ShardResult::kMaxMetrics names.
-inline constexpr int kMetricNodes = 1024;
+inline constexpr std::uint64_t kStatusFields = 9;
 // Exact in float32 (< 2^24) for up to kSparseNodes - 1 nodes.
 inline constexpr std::int64_t kSparseNodes = 4096;
 static_assert(sizeof(StatusFields<float>) == kStatusFields * sizeof(float) &&
               sizeof(StatusFields<double>) == kStatusFields * sizeof(double));
+
+// The status summed over the nodes, as read back.
+struct NodeStatus {
+  bool failed = false;      // some node failed (or gave up on the step)
+  bool non_finite = false;  // some node found a NaN or infinity
+  StepSums sums;            // the metrics aside; loss is the mean loss
+  int metric_nodes = 0;
+  int metric_names = 0;                // summed over the metric_nodes
+  std::vector<std::uint8_t> has_grad;  // per parameter: kDenseGrad, kSparseGrad over the nodes
+};
 
 // The stage tail for `param_count` parameters: the fields and the counts, in
 // the widest dtype.
@@ -57,36 +67,39 @@ std::int64_t getCount(const T* s) {
 }  // namespace status_detail
 
 template <typename T>
-void writeStatus(std::byte* tail, const StepTotals& local,
-                 const std::vector<std::uint8_t>& any_grad) {
+void writeStatus(std::byte* tail, const Contribution& local) {
   auto* s = reinterpret_cast<StatusFields<T>*>(tail);
-  s->failed = local.failed ? 1 : 0;
-  s->non_finite = local.non_finite ? 1 : 0;
-  status_detail::putCount(s->weight_total, static_cast<std::int64_t>(local.weight_total));
-  status_detail::putCount(s->samples, local.samples);
-  s->loss = static_cast<T>(local.loss);
-  s->metrics = static_cast<T>(local.metric_count * kMetricNodes + (local.metric_count > 0));
+  s->failed = local.failed() ? 1 : 0;
+  s->non_finite = local.nonFinite() ? 1 : 0;
+  status_detail::putCount(s->weight_total, static_cast<std::int64_t>(local.sums.weight_total));
+  status_detail::putCount(s->samples, local.sums.samples);
+  s->loss = static_cast<T>(local.sums.loss);
+  s->metric_nodes = local.sums.metrics.count > 0 ? 1 : 0;
+  s->metric_names = static_cast<T>(local.sums.metrics.count);
   T* has_grad = reinterpret_cast<T*>(tail) + kStatusFields;
-  for (std::size_t k = 0; k < any_grad.size(); ++k)
-    has_grad[k] = static_cast<T>(((any_grad[k] & kDenseGrad) ? 1 : 0) +
-                                 ((any_grad[k] & kSparseGrad) ? kSparseNodes : 0));
+  for (std::size_t k = 0; k < local.has_grad.size(); ++k)
+    has_grad[k] = static_cast<T>(((local.has_grad[k] & kDenseGrad) ? 1 : 0) +
+                                 ((local.has_grad[k] & kSparseGrad) ? kSparseNodes : 0));
 }
 
 template <typename T>
-StepTotals readStatus(const std::byte* tail, std::vector<std::uint8_t>& any_grad) {
+NodeStatus readStatus(const std::byte* tail, std::size_t param_count) {
   const auto* s = reinterpret_cast<const StatusFields<T>*>(tail);
-  StepTotals out;
+  NodeStatus out;
   out.failed = s->failed > 0;
   out.non_finite = s->non_finite > 0;
-  out.weight_total = static_cast<double>(status_detail::getCount(s->weight_total));
-  out.samples = status_detail::getCount(s->samples);
-  out.loss = out.weight_total > 0 ? static_cast<double>(s->loss) / out.weight_total : 0;
-  out.metric_count = static_cast<int>(s->metrics);  // the sum, as encoded: CrossNode reads it
+  out.sums.weight_total = static_cast<double>(status_detail::getCount(s->weight_total));
+  out.sums.samples = status_detail::getCount(s->samples);
+  out.sums.loss =
+      out.sums.weight_total > 0 ? static_cast<double>(s->loss) / out.sums.weight_total : 0;
+  out.metric_nodes = static_cast<int>(s->metric_nodes);
+  out.metric_names = static_cast<int>(s->metric_names);
   const T* has_grad = reinterpret_cast<const T*>(tail) + kStatusFields;
-  for (std::size_t k = 0; k < any_grad.size(); ++k) {
+  out.has_grad.resize(param_count);
+  for (std::size_t k = 0; k < param_count; ++k) {
     const auto nodes = static_cast<std::int64_t>(has_grad[k]);
-    any_grad[k] = static_cast<std::uint8_t>((nodes % kSparseNodes > 0 ? kDenseGrad : 0) |
-                                            (nodes / kSparseNodes > 0 ? kSparseGrad : 0));
+    out.has_grad[k] = static_cast<std::uint8_t>((nodes % kSparseNodes > 0 ? kDenseGrad : 0) |
+                                                (nodes / kSparseNodes > 0 ? kSparseGrad : 0));
   }
   return out;
 }
