@@ -97,6 +97,8 @@ struct Aggregator::Impl {
   int worker_threads = 1;  // intra-op threads per worker (the topology knows who shares the cores)
 
   std::int64_t steps_done = 0;
+  // The step whose stage().beforeStep ran: once per step, not once per try.
+  std::int64_t before_step_ran = -1;
   RunCursor cursor;                      // the data's position; checkpoints' loads
   std::optional<BatchPosition> step_at;  // the position of the step being run, if any
   int identical_checks = 0;              // steps checked for identical gradients
@@ -279,7 +281,13 @@ struct Aggregator::Impl {
     StepTimes times;
     times.begin = Clock::now();
     verifyModel();
-    stage().beforeStep(steps_done);
+    // A step redone here with fresh workers (restart()) is one step to the
+    // other nodes, which ran its collectives once: the checksum is not asked
+    // of them again.
+    if (before_step_ran != steps_done) {
+      stage().beforeStep(steps_done);
+      before_step_ran = steps_done;
+    }
     times.command = Clock::now();  // all the workers' step lies after it
     command(Command::kStep);
     // The step's deadline counts from here, after command()'s wake-up system
