@@ -53,6 +53,8 @@ struct Aggregator::Impl {
   int worker_threads = 1;  // intra-op threads per worker (the topology knows who shares the cores)
 
   std::int64_t steps_done = 0;
+  // The step whose stage().beforeStep ran: once per step, not once per try.
+  std::int64_t before_step_ran = -1;
   detail::RunCursor cursor;              // the data's position; checkpoints' loads
   std::optional<BatchPosition> step_at;  // the position of the step being run, if any
   int identical_checks = 0;              // steps checked for identical gradients

@@ -107,7 +107,13 @@ const StepReport& Aggregator::Impl::runStep() {
   StepTimes times;
   times.begin = Clock::now();
   verifyModel();
-  stage().beforeStep(steps_done);
+  // A step redone here with fresh workers (restart()) is one step to the
+  // other nodes, which ran its collectives once: the checksum is not asked
+  // of them again.
+  if (before_step_ran != steps_done) {
+    stage().beforeStep(steps_done);
+    before_step_ran = steps_done;
+  }
   times.command = Clock::now();  // all the workers' step lies after it
   command(Command::kStep);
   // The step's deadline counts from here, after command()'s wake-up system

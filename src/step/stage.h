@@ -35,7 +35,8 @@ class ReductionStage {
   // values, before any worker is forked.
   virtual void attach(const SegmentMap& /*segment*/) {}
 
-  // Before step `step` is commanded. Throws the stage's Error.
+  // Before step `step` is first commanded: once per step, also when a group
+  // redoes it with fresh workers (Options::max_restarts). Throws the stage's Error.
   virtual void beforeStep(std::int64_t /*step*/) {}
   // The reduce phase (step/outcome.h): after this group's workers reduced
   // into result region `result`, combines `local` with the other groups'.

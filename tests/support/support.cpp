@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <gradagg/blas.h>
+
 namespace gradagg_test {
 
 std::string kindName(ModelKind kind) {
@@ -278,9 +280,16 @@ std::vector<pid_t> childPids() {
   return out;
 }
 
+void GradaggTest::SetUp() {
+  intra_op_threads_ = at::get_num_threads();
+  blas_threads_ = gradagg::blasInfo().threads;
+}
+
 void GradaggTest::TearDown() {
   EXPECT_TRUE(childPids().empty())
       << "a test left " << childPids().size() << " child process(es) behind";
+  at::set_num_threads(intra_op_threads_);
+  if (blas_threads_ > 0) gradagg::setBlasThreads(blas_threads_);
 }
 
 void ownProcessGroup() { (void)::setpgid(0, 0); }

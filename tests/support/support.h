@@ -87,10 +87,18 @@ void ownProcessGroup();
 // Child processes of this process (all threads), from /proc.
 std::vector<pid_t> childPids();
 
-// Every test derives from this: it fails a test that leaves a child process behind.
+// Every test derives from this: it fails a test that leaves a child process behind,
+// and gives the next test this process's thread settings as they were before (a
+// test that raised them, libgomp's pool then alive, would hang the next one whose
+// forked child runs a parallel op: the fork trap of DESIGN.md, in the test binary).
 class GradaggTest : public ::testing::Test {
  protected:
+  void SetUp() override;
   void TearDown() override;
+
+ private:
+  int intra_op_threads_ = 0;  // at::get_num_threads() before the test
+  int blas_threads_ = 0;      // gradagg::blasInfo().threads before the test (0: unknown)
 };
 
 }  // namespace gradagg_test

@@ -55,6 +55,53 @@ TEST_F(MultiNode, DivergedParametersAreCaughtByTheChecksumOnEveryNode) {
   }
 }
 
+// Options::max_restarts across nodes: a node whose worker died redoes the step
+// with fresh workers while the other waits in the step's collectives; both then
+// go on in step with each other (the same collectives in the same order, the
+// parameter checksum before a checksum step included) and end where an
+// unfaulted run ends. Killed in step 1 or 2, with the checksum before every
+// step, every second one (the harness's interval) or off.
+struct RestartCase {
+  int kill_at_step;
+  int checksum_interval;
+};
+void PrintTo(const RestartCase& c, std::ostream* os) {
+  *os << "killed in step " << c.kill_at_step << ", checksum every " << c.checksum_interval;
+}
+
+class NodeRestart : public MultiNode, public ::testing::WithParamInterface<RestartCase> {};
+
+TEST_P(NodeRestart, ANodeThatRestartsItsWorkersGoesOnWithTheOthersAndMatchesAnUnfaultedRun) {
+  NodeRun run;
+  run.nodes = 2;
+  run.timeout = 10000ms;
+  run.steps = 4;
+  run.max_restarts = 1;
+  run.checksum_interval = GetParam().checksum_interval;
+  run.store = store("clean");
+  NodeRun other = run;
+  other.node = 1;
+  const auto clean = runNodes({run, other});
+  run.store = other.store = store("restarted");
+  other.kill_worker_once_at_step = GetParam().kill_at_step;
+  const auto restarted = runNodes({run, other});
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(clean[i].outcome, kOk) << clean[i].what;
+    ASSERT_EQ(restarted[i].outcome, kOk) << "node " << i << ": " << restarted[i].what;
+    EXPECT_TRUE(bitIdentical(restarted[i].params, clean[i].params)) << "node " << i;
+  }
+  EXPECT_EQ(restarted[0].restarts, 0);
+  EXPECT_EQ(restarted[1].restarts, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(KilledInStepWithChecksumEvery, NodeRestart,
+                         ::testing::Values(RestartCase{1, 1}, RestartCase{1, 2}, RestartCase{2, 2},
+                                           RestartCase{2, 0}),
+                         [](const ::testing::TestParamInfo<RestartCase>& tested) {
+                           return "Step" + std::to_string(tested.param.kill_at_step) + "Interval" +
+                                  std::to_string(tested.param.checksum_interval);
+                         });
+
 TEST_F(MultiNode, DifferentModelsAreAClearErrorOnEveryNode) {
   NodeRun run;
   run.nodes = 2;

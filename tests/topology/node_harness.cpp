@@ -2,12 +2,14 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <csignal>
 #include <optional>
@@ -113,7 +115,7 @@ void send(int fd, const NodeResult& r) {
   torch::save(r.params, buf);
   const std::string blob = buf.str();
   const std::string metrics = encode(r.metrics) + "--\n" + encode(r.worker0_metrics);
-  const int64_t header[12] = {r.outcome,
+  const int64_t header[13] = {r.outcome,
                               r.usable_after,
                               r.children_after,
                               r.retry,
@@ -124,7 +126,8 @@ void send(int fd, const NodeResult& r) {
                               r.collectives,
                               r.overlapped,
                               static_cast<int64_t>(metrics.size()),
-                              r.max_rss_mib};
+                              r.max_rss_mib,
+                              r.restarts};
   writeAll(fd, header, sizeof(header));
   writeAll(fd, &r.seconds, sizeof(r.seconds));
   writeAll(fd, r.what.data(), r.what.size());
@@ -136,8 +139,9 @@ void send(int fd, const NodeResult& r) {
 // Nothing (outcome kOther) when the node died before it sent anything.
 NodeResult receive(int fd) {
   NodeResult r;
-  int64_t header[12];
+  int64_t header[13];
   if (!readAll(fd, header, sizeof(header))) return r;
+  r.restarts = static_cast<int>(header[12]);
   r.max_rss_mib = header[11];
   r.collectives = static_cast<int>(header[8]);
   r.overlapped = static_cast<int>(header[9]);
@@ -201,6 +205,12 @@ NodeResult trainNode(const NodeRun& run) {
   o.nodes.timeout = run.timeout;
   o.nodes.checksum_interval = run.checksum_interval;
   o.weighting = run.weighting;
+  o.max_restarts = run.max_restarts;
+  // Whether kill_worker_once_at_step fired: shared with the workers forked later.
+  void* const shared = ::mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE,
+                              MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (shared == MAP_FAILED) throw std::runtime_error("mmap failed");
+  auto* killed = new (shared) std::atomic<int>(0);
   NodeResult result;
   std::optional<gradagg::Aggregator> agg;
   std::vector<std::thread> interrupters;  // each calls interruptWaits() after a while
@@ -226,6 +236,8 @@ NodeResult trainNode(const NodeRun& run) {
             [&](const gradagg::ShardContext& c) {
               if (c.step == run.kill_self_at_step && c.rank == 0) ::kill(::getppid(), SIGKILL);
               if (c.step == run.stop_self_at_step && c.rank == 0) ::kill(::getppid(), SIGSTOP);
+              if (c.step == run.kill_worker_once_at_step && c.rank == 1 && killed->exchange(1) == 0)
+                ::raise(SIGKILL);
               if (c.step == run.throw_at_step && c.rank == 0)
                 throw std::runtime_error("bad record on node " + std::to_string(run.node));
               if (run.drop_grads)
@@ -277,6 +289,7 @@ NodeResult trainNode(const NodeRun& run) {
           result.node_bytes = report.node_bytes;
           result.collectives = report.node_collectives;
           result.overlapped += report.node_overlapped;
+          result.restarts = report.restarts;
           sgd.step();
           if (s == run.perturb_after_step) {
             torch::NoGradGuard no_grad;
@@ -296,6 +309,7 @@ NodeResult trainNode(const NodeRun& run) {
     result.retry = outcomeOf([&] { agg->step(); }, &result.retry_what);
   }
   result.params = paramsOf(*model);
+  ::munmap(shared, sizeof(std::atomic<int>));
   return result;
 }
 

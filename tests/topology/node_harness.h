@@ -56,6 +56,10 @@ struct NodeRun {
   // This node's worker 1 dies (SIGKILL) in that step's backward, once the
   // gradient of the model's first parameter (the last bucket's) is computed.
   int kill_worker_in_backward_at_step = -1;
+  // This node's worker 1 dies (SIGKILL) in its shard function in that step, once
+  // per node: the worker that redoes the step lives.
+  int kill_worker_once_at_step = -1;
+  int max_restarts = 0;     // Options::max_restarts
   bool drop_grads = false;  // the shard function sets every .grad to undefined first
   // The loss gets a term whose backward runs a backward of its own over the
   // last parameter (as torch.utils.checkpoint with use_reentrant=True does):
@@ -99,6 +103,7 @@ struct NodeResult {
   std::uint64_t node_bytes = 0;  // StepReport::node_bytes of the last step
   int collectives = 0;           // StepReport::node_collectives of the last step
   int overlapped = 0;            // StepReport::node_overlapped, summed over the steps
+  int restarts = 0;              // StepReport::restarts of the last step
   // After a NodeFailed: what the node's aggregator was left as (include/gradagg/errors.h
   // says: workers stopped, no longer usable), and how one more step() ended.
   bool usable_after = false;
