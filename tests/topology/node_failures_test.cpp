@@ -1,6 +1,10 @@
 // A node that fails ends the step on every node with a named error: a killed or
 // stalled node (within the timeout), diverged parameters, different models, a
 // worker that fails on another node; and what a NodeFailed leaves behind.
+#include <sys/wait.h>
+
+#include <csignal>
+
 #include "node_harness.h"
 
 namespace gradagg_test {
@@ -37,6 +41,41 @@ TEST_F(MultiNode, AStalledNodeEndsTheOtherWithNodeFailedAfterTheTimeout) {
   EXPECT_EQ(results[0].outcome, kNodeFailed) << results[0].what;
   EXPECT_GE(results[0].seconds, 2.0);         // it waited for the deadline...
   EXPECT_LT(results[0].seconds, 2.0 + 15.0);  // ...and not much longer
+}
+
+// Node 0's store server goes away while node 1 is connected to it and waits
+// in the rendezvous: node 0 dies in its start-up (three nodes expected, the
+// third never comes) and its server with it; or node 0's machine stalls (its
+// server stops with node 1's requests unread) and then dies. c10d 1.13's
+// TCPStore client aborted node 1 from its background thread in the second
+// case ("terminate called ... Connection reset by peer", SIGABRT, issue 47);
+// gradagg's client (store_client.h) fails the call that finds the server
+// gone: NodeFailed, at once, and node 1 exits cleanly.
+TEST_F(MultiNode, AStoreServerThatVanishesMidRendezvousIsNodeFailedNeverAnAbort) {
+  for (const bool stalls_first : {false, true}) {
+    SCOPED_TRACE(stalls_first ? "node 0 stalls, then dies" : "node 0 dies");
+    NodeRun run;
+    run.nodes = 3;
+    run.master_port = freePort();
+    run.timeout = 8s;
+    run.kill_self_after_ms = 2000;
+    if (stalls_first) run.stop_children_after_ms = 500;
+    NodeRun other = run;
+    other.node = 1;
+    other.kill_self_after_ms = other.stop_children_after_ms = -1;
+    other.start_delay = 1s;  // when node 0's server has stalled
+    const auto results = runNodes({run, other});
+    EXPECT_TRUE(WIFSIGNALED(results[0].status) && WTERMSIG(results[0].status) == SIGKILL)
+        << "node 0 was to die in its start-up";
+    EXPECT_TRUE(WIFEXITED(results[1].status) && WEXITSTATUS(results[1].status) == 0)
+        << "node 1's wait status " << results[1].status << ", signal "
+        << (WIFSIGNALED(results[1].status) ? WTERMSIG(results[1].status) : 0);
+    EXPECT_EQ(results[1].outcome, kNodeFailed) << results[1].what;
+    EXPECT_NE(results[1].what.find("rendezvous"), std::string::npos) << results[1].what;
+    EXPECT_NE(results[1].what.find("went away"), std::string::npos) << results[1].what;
+    // At once, not at its deadline: node 0 dies 1 s after node 1 starts.
+    EXPECT_LT(results[1].seconds, 1.0 + 3.0) << results[1].what;
+  }
 }
 
 TEST_F(MultiNode, DivergedParametersAreCaughtByTheChecksumOnEveryNode) {

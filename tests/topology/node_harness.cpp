@@ -231,6 +231,16 @@ NodeResult trainNode(const NodeRun& run) {
             std::this_thread::sleep_for(std::chrono::milliseconds(ms));
             ::kill(::getpid(), SIGSTOP);
           }).detach();
+        if (run.kill_self_after_ms >= 0)
+          std::thread([ms = run.kill_self_after_ms] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+            ::kill(::getpid(), SIGKILL);
+          }).detach();
+        if (run.stop_children_after_ms >= 0)
+          std::thread([ms = run.stop_children_after_ms] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+            for (const pid_t child : childPids()) ::kill(child, SIGSTOP);
+          }).detach();
         agg.emplace(
             *model,
             [&](const gradagg::ShardContext& c) {
@@ -352,8 +362,9 @@ std::vector<NodeResult> runNodes(std::vector<NodeRun> runs) {
     if (stalls(i)) ::kill(children[i].first, SIGKILL);
     results[i] = receive(children[i].second);
     ::close(children[i].second);
-    int status;
+    int status = 0;
     ::waitpid(children[i].first, &status, 0);
+    results[i].status = status;
   }
   return results;
 }

@@ -47,8 +47,13 @@ struct NodeRun {
   int perturb_after_step = -1;  // this node's parameters drift after that step
   int stop_self_at_step = -1;   // this node's parent stops (SIGSTOP) during that step: a stall
   int stop_self_after_ms = -1;  // ... that long after its Aggregator's construction begins
-  int throw_at_step = -1;       // this node's worker 0 throws from the shard function then
-  int nan_loss_at_step = -1;    // this node's worker 0 returns a NaN loss then
+  int kill_self_after_ms = -1;  // this node's parent dies (SIGKILL) that long after it begins
+  // This node's child processes (its workers, node 0's store server) stop
+  // (SIGSTOP) that long after it begins: with kill_self_after_ms, a machine
+  // that stalls and then dies.
+  int stop_children_after_ms = -1;
+  int throw_at_step = -1;     // this node's worker 0 throws from the shard function then
+  int nan_loss_at_step = -1;  // this node's worker 0 returns a NaN loss then
   // Buckets and overlap (NodeOptions), gradient accumulation (Options).
   std::uint64_t bucket_bytes = 25ull << 20;
   bool overlap = true;
@@ -99,6 +104,7 @@ struct NodeResult {
   std::string what;          // the error's message
   std::vector<torch::Tensor> params;
   double seconds = 0;
+  int status = 0;                // the node process's wait status (waitpid)
   std::int64_t max_rss_mib = 0;  // the node process's peak resident memory
   std::uint64_t node_bytes = 0;  // StepReport::node_bytes of the last step
   int collectives = 0;           // StepReport::node_collectives of the last step

@@ -25,8 +25,8 @@
 namespace gradagg::detail {
 
 struct NodeGroup::Impl {
-  std::unique_ptr<StoreServer> server;       // node 0's TCPStore, for the start-up
-  c10::intrusive_ptr<RendezvousStore> base;  // the TCPStore or FileStore
+  std::unique_ptr<StoreServer> server;       // node 0's store, for the start-up
+  c10::intrusive_ptr<RendezvousStore> base;  // node 0's store, a launcher's or a FileStore
   c10::intrusive_ptr<c10d::Store> store;     // base, under this run's private prefix
   c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
   // The step's collectives: a gloo context of its own and one bound sum each.
@@ -75,8 +75,7 @@ NodeGroup::NodeGroup(const NodeOptions& o)
                      "gradagg: warning: node 0 serves the rendezvous on port %d without a job "
                      "token: anyone who reaches it can join (docs/multinode.md, Security)\n",
                      o.master_port);
-      impl_->server =
-          std::make_unique<StoreServer>(o.master_addr, o.master_port, o.nodes, deadline);
+      impl_->server = std::make_unique<StoreServer>(o.master_port, deadline);
     }
     Started started = startWithin(o, deadline, waiting, impl_->base, abandoned);
     impl_->base = std::move(started.base);
@@ -88,9 +87,11 @@ NodeGroup::NodeGroup(const NodeOptions& o)
     throw;
   } catch (const std::exception& e) {
     if (impl_->base) impl_->base->close();  // an abandoned start-up's next wait ends at once
-    if (abandoned && impl_->server) impl_->server->leaveToTheProcessEnd();
-    const std::string where = tcp ? fmt::format("TCPStore {}:{}", o.master_addr, o.master_port)
-                                  : "FileStore " + o.store_path;
+    const std::string where =
+        !tcp ? "FileStore " + o.store_path
+             : fmt::format("{} {}:{}",
+                           o.external_store ? "the launcher's TCPStore" : "node 0's store",
+                           o.master_addr, o.master_port);
     if (interruptDue())
       throw Interrupted(fmt::format("gradagg: node {} of {}: interrupted at the rendezvous "
                                     "through {} (interruptWaits(): a stop signal)",
@@ -104,8 +105,8 @@ NodeGroup::NodeGroup(const NodeOptions& o)
 }
 
 void NodeGroup::endRendezvous() {
-  // Every node lets its store client go before node 0 stops serving: c10d's
-  // client does not outlive its server gracefully (store_server.h).
+  // Every node lets its store client go before node 0 stops serving (a
+  // launcher's c10d client does not outlive its server gracefully).
   const SignalBlocked no_sigpipe(SIGPIPE);  // the client's last words to a store gone
   impl_->base->close();
   allgather(0, "the end of the start-up");

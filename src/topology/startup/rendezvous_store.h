@@ -1,9 +1,10 @@
-// The store as the start-up sees it. c10d's TCPStore or FileStore sits behind
+// The store as the start-up sees it. Node 0's store (StoreClient), a
+// launcher's c10d TCPStore or a c10d FileStore sits behind
 // a c10d::Store of our own whose waits poll, so that every wait of the start-up
 // (ours, c10d's group and gloo's mesh asking for peer addresses) ends at the
 // start-up's deadline or at interruptWaits(), whatever c10d's own timeouts do;
-// and which lets the real store go once the start-up is over: a TCPStore
-// client disconnects (node 0 then stops serving), a FileStore's file is removed
+// and which lets the real store go once the start-up is over: a store client
+// disconnects (node 0 then stops serving), a FileStore's file is removed
 // by the last node that lets it go. Used after close() it throws.
 #pragma once
 

@@ -20,6 +20,7 @@
 #include "runtime/host_hooks.h"
 #include "runtime/interrupt.h"
 #include "topology/startup/admission.h"
+#include "topology/startup/store_client.h"
 
 namespace gradagg::detail {
 
@@ -47,8 +48,9 @@ class GlooStore final : public ::gloo::rendezvous::Store {
 
 std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
 
-// The store: a FileStore at o.store_path, or a client of the TCPStore that
-// node 0 serves (StoreServer) or a launcher does.
+// The store: a FileStore at o.store_path, a client of the store that node 0
+// serves (StoreServer, StoreClient), or one of the c10d TCPStore that a
+// launcher's agent serves (external_store).
 c10::intrusive_ptr<c10d::Store> openStore(const NodeOptions& o, const Deadline& deadline) {
   if (!o.store_path.empty()) {
     auto store = c10::make_intrusive<c10d::FileStore>(o.store_path, o.nodes);
@@ -58,6 +60,8 @@ c10::intrusive_ptr<c10d::Store> openStore(const NodeOptions& o, const Deadline& 
     store->add(o.store_prefix + "/opened", 1);
     return store;
   }
+  if (!o.external_store)
+    return c10::make_intrusive<StoreClient>(o.master_addr, o.master_port, deadline);
   c10d::TCPStoreOptions t;
   t.port = static_cast<std::uint16_t>(o.master_port);
   t.isServer = false;

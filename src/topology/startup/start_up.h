@@ -30,7 +30,7 @@ struct Groups {
 
 // What the start-up makes, in the order it makes them.
 struct Started {
-  c10::intrusive_ptr<RendezvousStore> base;  // the TCPStore or FileStore
+  c10::intrusive_ptr<RendezvousStore> base;  // node 0's store, a launcher's or a FileStore
   c10::intrusive_ptr<c10d::Store> store;     // base, under this run's private prefix
   Groups groups;
 };
@@ -41,7 +41,7 @@ struct Started {
 // the deadline or on interruptWaits() it throws and the thread is left to
 // finish alone; `base` is then what there is of the store, for the caller to
 // close (the thread's next store operation ends it), and `abandoned` is set:
-// the thread may still hold a TCPStore client in a call. `waiting` runs
+// the thread may still be in a call of c10d's or gloo's. `waiting` runs
 // between the admission's polls and the caller's (the waiting line).
 Started startWithin(const NodeOptions& o, const Deadline& deadline,
                     const std::function<void()>& waiting, c10::intrusive_ptr<RendezvousStore>& base,
