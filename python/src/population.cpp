@@ -27,6 +27,7 @@
 #include <gradagg/population.h>
 
 #include "host.h"
+#include "ints.h"
 #include "model_view.h"
 #include "population.h"
 #include "runtime/interrupt.h"
@@ -204,27 +205,27 @@ PopulationOptions optionsOf(const Policy& policy, const py::kwargs& kw) {
   for (auto [key, value] : kw) {
     const auto k = key.cast<std::string>();
     if (k == "workers")
-      o.workers = value.cast<int>();
+      o.workers = checkedInt<int>(value, k);
     else if (k == "publish_interval")
-      o.publish_interval = value.cast<std::int64_t>();
+      o.publish_interval = checkedInt<std::int64_t>(value, k);
     else if (k == "seed")
-      o.seed = value.cast<std::uint64_t>();
+      o.seed = checkedInt<std::uint64_t>(value, k);
     else if (k == "higher_is_better")
       o.higher_is_better = value.cast<bool>();
     else if (k == "ready_interval")
-      o.ready_interval = value.cast<std::int64_t>();
+      o.ready_interval = checkedInt<std::int64_t>(value, k);
     else if (k == "copy_optimizer_state")
       o.copy_optimizer_state = value.cast<bool>();
     else if (k == "copy_hyperparams")
       o.copy_hyperparams = value.cast<bool>();
     else if (k == "optimizer_state_bytes")
-      o.optimizer_state_bytes = value.cast<std::size_t>();
+      o.optimizer_state_bytes = checkedInt<std::size_t>(value, k);
     else if (k == "lineage_path")
       o.lineage_path = py::str(value);
     else if (k == "resume_from")
       o.resume_from = py::str(value);
     else if (k == "threads_per_worker")
-      o.threads_per_worker = value.cast<int>();
+      o.threads_per_worker = checkedInt<int>(value, k);
     else if (k == "keep_worker_memory")
       o.keep_worker_memory = value.cast<bool>();
     else if (k == "step_timeout")
@@ -232,7 +233,7 @@ PopulationOptions optionsOf(const Policy& policy, const py::kwargs& kw) {
     else if (k == "shutdown_timeout")
       o.shutdown_timeout = secondsOf(value, "shutdown_timeout");
     else if (k == "max_restarts")
-      o.max_restarts = value.cast<int>();
+      o.max_restarts = checkedInt<int>(value, k);
     else if (k == "explore") {
       const auto e = value.cast<std::string>();
       if (e == "none")
@@ -343,7 +344,7 @@ void bindPopulation(py::module_& m) {
                 if (!py::isinstance<py::int_>(r))
                   throw InvalidArgument(
                       fmt::format("the policy must return a rank or -1, got {}", typeName(r)));
-                return r.cast<int>();
+                return checkedInt<int>(r, "the policy's rank");
               });
             });
           },
