@@ -12,6 +12,7 @@
 //     GIL released; Ctrl-C raises KeyboardInterrupt once the members stopped.
 // gradagg/population.py adds keyword arguments, state_dict(rank) and the
 // context manager on top.
+#include <mutex>
 #include <stdexcept>
 
 #include <pybind11/pybind11.h>
@@ -279,23 +280,43 @@ class PyPopulation {
     if (!pop_) throw NotUsable("gradagg: the population is shut down");
     return *pop_;
   }
+  // The lock is taken without the GIL (the members' Python functions need it), so
+  // a second Python thread calling any of these waits for the first, as
+  // Aggregator.step() does: the population's channel carries one command at a time.
   std::vector<CopyEvent> generation() {
-    return withoutGil([&] { return pop().generation(); });
+    Population& p = pop();
+    return withoutGil([&] {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return p.generation();
+    });
   }
   MemberSnapshot snapshot(int rank) const {
-    return withoutGil([&] { return pop().snapshot(rank); });
+    const Population& p = pop();
+    return withoutGil([&] {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return p.snapshot(rank);
+    });
   }
   void checkpoint(const std::string& path) const {
-    withoutGil([&] { pop().checkpoint(path); });
+    const Population& p = pop();
+    withoutGil([&] {
+      std::lock_guard<std::mutex> lock(mutex_);
+      p.checkpoint(path);
+    });
   }
   void shutdown() {
-    if (pop_) withoutGil([&] { pop_->shutdown(); });
+    if (pop_)
+      withoutGil([&] {
+        std::lock_guard<std::mutex> lock(mutex_);
+        pop_->shutdown();
+      });
   }
   const std::string& policyName() const { return policy_name_; }
 
  private:
   std::unique_ptr<Population> pop_;
   std::string policy_name_;
+  mutable std::mutex mutex_;  // one generation(), snapshot(), checkpoint() or shutdown() at a time
 };
 
 py::list tensorList(const std::vector<at::Tensor>& ts) {
