@@ -85,10 +85,10 @@ NodeGroup::NodeGroup(const NodeOptions& o)
     impl_->context = std::move(started.groups.context);
     impl_->watch = std::make_unique<InterruptWatch>(std::move(started.groups.sockets));
   } catch (const InvalidArgument&) {
+    releaseStartUp(abandoned);
     throw;
   } catch (const std::exception& e) {
-    if (impl_->base) impl_->base->close();  // an abandoned start-up's next wait ends at once
-    if (abandoned && impl_->server) impl_->server->leaveToTheProcessEnd();
+    releaseStartUp(abandoned);
     const std::string where = tcp ? fmt::format("TCPStore {}:{}", o.master_addr, o.master_port)
                                   : "FileStore " + o.store_path;
     if (interruptDue())
@@ -100,7 +100,24 @@ NodeGroup::NodeGroup(const NodeOptions& o)
                                  "ms: {}",
                                  o.node_rank, o.nodes, where, o.timeout.count(), message(e)),
                      o.node_rank);
+  } catch (...) {
+    // The host's interrupt (Python's KeyboardInterrupt, or what its signal
+    // handler raised): no std::exception, the same release, then as it is.
+    releaseStartUp(abandoned);
+    throw;
   }
+}
+
+// What a failed start-up leaves: the store closed (an abandoned start-up's next
+// wait ends at once) and node 0's server stopped, or, while an abandoned
+// start-up may hold a client of it in a call, left to the process's end.
+void NodeGroup::releaseStartUp(bool abandoned) noexcept {
+  if (impl_->base) impl_->base->close();
+  if (!impl_->server) return;
+  if (abandoned)
+    impl_->server->leaveToTheProcessEnd();
+  else
+    impl_->server->stop();
 }
 
 void NodeGroup::endRendezvous() {
