@@ -196,7 +196,8 @@ TEST(NodeOptions, FromEnvironmentRefusesSeveralSlurmTasksPerNode) {
     refused("SLURM_STEP_TASKS_PER_NODE=1(x2),2");
   }
   {
-    Environment step({{"SLURM_STEP_TASKS_PER_NODE", "1(x2)"}});
+    // The step's one task per node, in a job of four per node: the step's layout counts.
+    Environment step({{"SLURM_STEP_TASKS_PER_NODE", "1(x2)"}, {"SLURM_NTASKS_PER_NODE", "4"}});
     EXPECT_NO_THROW(gradagg::NodeOptions::fromEnvironment());
   }
   Environment tasks({{"SLURM_NTASKS", "8"}});

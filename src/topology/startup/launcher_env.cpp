@@ -115,7 +115,9 @@ int mostSlurmTasksPerNode(const std::string& list) {
 // Slurm (srun, one task per node): SLURM_NNODES (the step's SLURM_STEP_NUM_NODES
 // where set), SLURM_NODEID (the step's node index) and, as node 0, the first host
 // of SLURM_STEP_NODELIST (the step's nodes, which SLURM_NODEID counts), else of
-// SLURM_JOB_NODELIST. Several tasks per node are refused.
+// SLURM_JOB_NODELIST. Several tasks per node are refused: the step's
+// SLURM_STEP_TASKS_PER_NODE above 1 where srun sets it, else the job's
+// SLURM_NTASKS_PER_NODE above 1 or SLURM_NTASKS above SLURM_NNODES.
 void fromSlurm(NodeOptions& o) {
   Environment::integers({{"SLURM_NNODES", &o.nodes},
                          {"SLURM_STEP_NUM_NODES", &o.nodes},
@@ -124,20 +126,22 @@ void fromSlurm(NodeOptions& o) {
   if (list == nullptr) list = Environment::get("SLURM_JOB_NODELIST");
   if (list != nullptr) o.master_addr = firstSlurmHost(list);
 
+  // The step's own layout where srun gives it (a job's SLURM_NTASKS_PER_NODE is
+  // inherited by a step that runs fewer tasks); else the job's.
+  if (const char* step = Environment::get("SLURM_STEP_TASKS_PER_NODE")) {
+    if (mostSlurmTasksPerNode(step) > 1)
+      refuseSlurmTasksPerNode(fmt::format("variable SLURM_STEP_TASKS_PER_NODE={}", step));
+    return;
+  }
   int per_node = 1;
   if (Environment::number("SLURM_NTASKS_PER_NODE", per_node) && per_node > 1)
     refuseSlurmTasksPerNode(fmt::format("variable SLURM_NTASKS_PER_NODE={}", per_node));
-  if (const char* step = Environment::get("SLURM_STEP_TASKS_PER_NODE");
-      step != nullptr && mostSlurmTasksPerNode(step) > 1)
-    refuseSlurmTasksPerNode(fmt::format("variable SLURM_STEP_TASKS_PER_NODE={}", step));
-  const char* nodes_name =
-      Environment::get("SLURM_STEP_NUM_NODES") != nullptr ? "SLURM_STEP_NUM_NODES" : "SLURM_NNODES";
   int tasks = 0;
   int nodes = 0;
-  if (Environment::number("SLURM_NTASKS", tasks) && Environment::number(nodes_name, nodes) &&
+  if (Environment::number("SLURM_NTASKS", tasks) && Environment::number("SLURM_NNODES", nodes) &&
       tasks > nodes)
     refuseSlurmTasksPerNode(
-        fmt::format("variables SLURM_NTASKS={} and {}={}", tasks, nodes_name, nodes));
+        fmt::format("variables SLURM_NTASKS={} and SLURM_NNODES={}", tasks, nodes));
 }
 
 // torchrun --nnodes N --nproc_per_node 1: each node's one process is a node
