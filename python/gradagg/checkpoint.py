@@ -228,8 +228,8 @@ class Checkpoint:
         ``settings`` must equal the saved ones key for key (a key missing on either side
         differs too). Before anything is changed, every parameter and buffer of ``model`` must
         be in the file with its shape and dtype, the optimizer and scheduler of the saved types
-        and parameter groups; else CheckpointError names the first that differs and both
-        values, and nothing is changed.
+        and parameter groups, every entry well formed and the random states valid; else
+        CheckpointError names the first that differs and both values, and nothing is changed.
 
         It waits for the writes in flight to the file first (raising this object's failure,
         if its last write failed: the file is then the one before it). Then, when an
@@ -247,16 +247,7 @@ class Checkpoint:
         self._check_model(model, content["model"])
         self._check_optimizer(optimizer, content["optimizer"])
         self._check_scheduler(scheduler, content["scheduler"])
-        try:
-            model.load_state_dict(content["model"], strict=True)
-            if optimizer is not None:
-                optimizer.load_state_dict(content["optimizer"]["state"])
-            if scheduler is not None:
-                scheduler.load_state_dict(content["scheduler"]["state"])
-            torch.set_rng_state(content["torch_rng"])
-            random.setstate(content["python_rng"])
-        except Exception as e:
-            self._fail(f"loading failed: {type(e).__name__}: {e}", e)
+        self._apply(model, optimizer, scheduler, content)
         position = BatchPosition(content.get("epoch", 0), content.get("index", 0))
         if optimizer is not None:  # a resume; weights alone are an initialisation
             _note_resumed(model, content["step"], position.epoch, position.index, self._path)
@@ -286,7 +277,68 @@ class Checkpoint:
         if (not isinstance(content, dict) or content.get("format") != _FORMAT
                 or any(k not in content for k in keys)):
             self._fail(f"is not a {_FORMAT} file (a C++ gradagg::Checkpoint is read by C++)")
+        self._check_entries(content)
         return content
+
+    def _check_entries(self, content):
+        """Every entry of the kind save() writes, the random states valid: what load() then
+        applies cannot fail halfway for a malformed entry."""
+        def fail(key, expected):
+            self._fail(f"its '{key}' is {_type_name(content[key])}, not {expected}")
+
+        for key in ("step", "epoch", "index"):
+            value = content.get(key, 0)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                self._fail(f"its '{key}' is {value!r}, not an int >= 0")
+        for key in ("model", "user", "settings"):
+            if not isinstance(content[key], dict):
+                fail(key, "a dict")
+        for key in ("optimizer", "scheduler"):
+            saved = content[key]
+            if saved is not None and not (isinstance(saved, dict)
+                                          and isinstance(saved.get("type"), str)
+                                          and isinstance(saved.get("state"), dict)):
+                fail(key, "None or a dict of 'type' and 'state'")
+        optimizer = content["optimizer"]
+        if optimizer is not None and not (
+                isinstance(optimizer["state"].get("state"), dict)
+                and isinstance(optimizer["state"].get("param_groups"), list)
+                and all(isinstance(g, dict) and isinstance(g.get("params"), list)
+                        for g in optimizer["state"]["param_groups"])):
+            self._fail("its optimizer state is not a torch.optim state_dict (state, "
+                       "param_groups)")
+        # On generators of their own: the process's states are set only once all fits.
+        try:
+            torch.Generator().set_state(content["torch_rng"])
+        except Exception as e:
+            self._fail(f"its torch random state is not valid: {type(e).__name__}: {e}", e)
+        try:
+            random.Random().setstate(content["python_rng"])
+        except Exception as e:
+            self._fail(f"its Python random state is not valid: {type(e).__name__}: {e}", e)
+
+    def _apply(self, model, optimizer, scheduler, content):
+        """Loads what the checks passed. Should a step still fail, the ones before it are
+        undone (the optimizer, scheduler and random states: the model goes last)."""
+        undo = []
+        try:
+            if optimizer is not None:
+                before = optimizer.state_dict()  # its tensors: load_state_dict copies new ones
+                optimizer.load_state_dict(content["optimizer"]["state"])
+                undo.append(lambda: optimizer.load_state_dict(before))
+            if scheduler is not None:
+                scheduler_before = scheduler.state_dict()
+                scheduler.load_state_dict(content["scheduler"]["state"])
+                undo.append(lambda: scheduler.load_state_dict(scheduler_before))
+            torch_rng, python_rng = torch.get_rng_state(), random.getstate()
+            torch.set_rng_state(content["torch_rng"])
+            random.setstate(content["python_rng"])
+            undo.append(lambda: (torch.set_rng_state(torch_rng), random.setstate(python_rng)))
+            model.load_state_dict(content["model"], strict=True)
+        except Exception as e:
+            for step in reversed(undo):
+                step()
+            self._fail(f"loading failed: {type(e).__name__}: {e}", e)
 
     def _check_settings(self, theirs, mine):
         for key, value in mine.items():

@@ -1,12 +1,12 @@
 // Options and NodeOptions for Python, each bound from one table. A row names a
 // field once: its keyword and attribute (the C++ field's name), its member
-// pointer and how Python sees it: as it is (int, bool, str, dict, NodeOptions),
-// as float seconds (a std::chrono::milliseconds), as a name of the enum's
-// string table or as None or an int (an optional unsigned 64-bit number). From a table come the
-// keyword-only constructor, whose defaults are the fields of a default-constructed struct, the
-// read-write attributes and
-// __repr__. A bad value is the InvalidArgument its conversion names, a wrong
-// type pybind11's TypeError; the ranges are Options::validate's.
+// pointer and how Python sees it: as it is (bool, str, dict, NodeOptions), as a
+// range-checked int, as float seconds (a std::chrono::milliseconds), as a name of
+// the enum's string table or as None or an int (an optional unsigned 64-bit
+// number). From a table come the keyword-only constructor, whose defaults are the
+// fields of a default-constructed struct, the read-write attributes and __repr__.
+// A bad value is the InvalidArgument its conversion names (an int out of its C++
+// type's range too), a wrong type a TypeError; the ranges are Options::validate's.
 #include "options.h"
 
 #include <chrono>
@@ -24,6 +24,8 @@
 
 #include <gradagg/errors.h>
 #include <gradagg/options.h>
+
+#include "ints.h"
 
 namespace py = pybind11;
 
@@ -50,6 +52,20 @@ struct AsIs {
   using Py = V;
   Py toPy(const V& v) const { return v; }
   V fromPy(Py v, const char* /*name*/) const { return v; }
+};
+
+// An integer as a Python int: one outside the C++ type's range is an
+// InvalidArgument naming prefix + the field and the range (checkedInt), another
+// type a TypeError; the field's own limits are Options::validate's.
+template <class V>
+struct AsInt {
+  using Py = py::object;
+  const char* prefix;
+
+  Py toPy(V v) const { return py::int_(v); }
+  V fromPy(const py::object& value, const char* name) const {
+    return checkedInt<V>(value, std::string(prefix) + name);
+  }
 };
 
 // A duration as float seconds: > 0 and at most 1e9, else InvalidArgument naming
@@ -122,6 +138,7 @@ struct AsSecret {
 };
 
 AsSeconds asSeconds(const char* prefix = "") { return {prefix}; }
+
 template <class E>
 AsName<E> asName(const EnumNames<E>& names, const char* prefix = "") {
   return {&names, prefix};
@@ -173,10 +190,10 @@ Field<T, V, Conv> field(const char* name, V T::*member, Conv conv, const char* d
 // In the header's order. The prefixes keep the names the messages have always
 // had: "nodes.timeout", "NodeOptions.compression".
 const std::tuple kNodeFields{
-    field("nodes", &NodeOptions::nodes),
-    field("node_rank", &NodeOptions::node_rank),
+    field("nodes", &NodeOptions::nodes, AsInt<int>{"nodes."}),
+    field("node_rank", &NodeOptions::node_rank, AsInt<int>{"nodes."}),
     field("master_addr", &NodeOptions::master_addr),
-    field("master_port", &NodeOptions::master_port),
+    field("master_port", &NodeOptions::master_port, AsInt<int>{"nodes."}),
     field("store_path", &NodeOptions::store_path),
     field("external_store", &NodeOptions::external_store,
           "the TCPStore is served by a launcher (torchrun's agent): node 0 connects too"),
@@ -186,12 +203,12 @@ const std::tuple kNodeFields{
           "the job token: the nodes prove it to each other before anything crosses "
           "(repr shows only whether it is set)"),
     field("timeout", &NodeOptions::timeout, asSeconds("nodes.")),
-    field("checksum_interval", &NodeOptions::checksum_interval),
+    field("checksum_interval", &NodeOptions::checksum_interval, AsInt<int>{"nodes."}),
     field("compression", &NodeOptions::compression, asName(kCompressions, "NodeOptions."),
           "'bf16': float32 gradients cross the nodes as bf16 (off: 'none')"),
-    field("bucket_bytes", &NodeOptions::bucket_bytes,
+    field("bucket_bytes", &NodeOptions::bucket_bytes, AsInt<std::uint64_t>{"nodes."},
           "buckets the gradient crosses the nodes in (DDP's bucket_cap_mb)"),
-    field("first_bucket_bytes", &NodeOptions::first_bucket_bytes,
+    field("first_bucket_bytes", &NodeOptions::first_bucket_bytes, AsInt<std::uint64_t>{"nodes."},
           "the first bucket of each dtype (DDP's 1 MiB)"),
     field("overlap", &NodeOptions::overlap,
           "buckets start across the nodes while backward goes on"),
@@ -203,11 +220,11 @@ const std::tuple kNodeFields{
 
 // In the header's order; gradagg/__init__.py sets them by these names.
 const std::tuple kOptionFields{
-    field("workers", &Options::workers),
+    field("workers", &Options::workers, AsInt<int>{""}),
     field("weighting", &Options::weighting, asName(kWeightings)),
     field("buffers", &Options::buffers, asName(kBufferSyncs)),
-    field("threads_per_worker", &Options::threads_per_worker),
-    field("parent_threads", &Options::parent_threads),
+    field("threads_per_worker", &Options::threads_per_worker, AsInt<int>{""}),
+    field("parent_threads", &Options::parent_threads, AsInt<int>{""}),
     field("keep_worker_memory", &Options::keep_worker_memory,
           "Workers keep freed memory for the next step (glibc malloc settings)."),
     field("keep_parent_memory", &Options::keep_parent_memory,
@@ -215,19 +232,19 @@ const std::tuple kOptionFields{
           "lives (glibc malloc settings, restored after)."),
     field("step_timeout", &Options::step_timeout, asSeconds()),
     field("shutdown_timeout", &Options::shutdown_timeout, asSeconds()),
-    field("accumulation_steps", &Options::accumulation_steps),
+    field("accumulation_steps", &Options::accumulation_steps, AsInt<int>{""}),
     field("non_finite", &Options::non_finite, asName(kNonFinite)),
-    field("max_consecutive_skips", &Options::max_consecutive_skips),
-    field("max_restarts", &Options::max_restarts),
+    field("max_consecutive_skips", &Options::max_consecutive_skips, AsInt<int>{""}),
+    field("max_restarts", &Options::max_restarts, AsInt<int>{""}),
     field("nodes", &Options::nodes),
     field("seed_workers", &Options::seed_workers),
     field("seed", &Options::seed, AsOptionalUint64{},
           "The run's seed; None (the default): torch.initial_seed() when the Aggregator is "
           "made. Worker r draws with worker_seed(seed, r, step)."),
     field("check_parameter_list", &Options::check_parameter_list),
-    field("start_step", &Options::start_step,
+    field("start_step", &Options::start_step, AsInt<std::int64_t>{""},
           "The global step of the first step() (a resume: the checkpoint's step)."),
-    field("message_bytes", &Options::message_bytes,
+    field("message_bytes", &Options::message_bytes, AsInt<std::uint64_t>{""},
           "Room for a step's message, fixed at construction (64 KiB)."),
 };
 

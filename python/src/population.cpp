@@ -12,6 +12,7 @@
 //     GIL released; Ctrl-C raises KeyboardInterrupt once the members stopped.
 // gradagg/population.py adds keyword arguments, state_dict(rank) and the
 // context manager on top.
+#include <mutex>
 #include <stdexcept>
 
 #include <pybind11/pybind11.h>
@@ -27,6 +28,7 @@
 #include <gradagg/population.h>
 
 #include "host.h"
+#include "ints.h"
 #include "model_view.h"
 #include "population.h"
 #include "runtime/interrupt.h"
@@ -204,27 +206,27 @@ PopulationOptions optionsOf(const Policy& policy, const py::kwargs& kw) {
   for (auto [key, value] : kw) {
     const auto k = key.cast<std::string>();
     if (k == "workers")
-      o.workers = value.cast<int>();
+      o.workers = checkedInt<int>(value, k);
     else if (k == "publish_interval")
-      o.publish_interval = value.cast<std::int64_t>();
+      o.publish_interval = checkedInt<std::int64_t>(value, k);
     else if (k == "seed")
-      o.seed = value.cast<std::uint64_t>();
+      o.seed = checkedInt<std::uint64_t>(value, k);
     else if (k == "higher_is_better")
       o.higher_is_better = value.cast<bool>();
     else if (k == "ready_interval")
-      o.ready_interval = value.cast<std::int64_t>();
+      o.ready_interval = checkedInt<std::int64_t>(value, k);
     else if (k == "copy_optimizer_state")
       o.copy_optimizer_state = value.cast<bool>();
     else if (k == "copy_hyperparams")
       o.copy_hyperparams = value.cast<bool>();
     else if (k == "optimizer_state_bytes")
-      o.optimizer_state_bytes = value.cast<std::size_t>();
+      o.optimizer_state_bytes = checkedInt<std::size_t>(value, k);
     else if (k == "lineage_path")
       o.lineage_path = py::str(value);
     else if (k == "resume_from")
       o.resume_from = py::str(value);
     else if (k == "threads_per_worker")
-      o.threads_per_worker = value.cast<int>();
+      o.threads_per_worker = checkedInt<int>(value, k);
     else if (k == "keep_worker_memory")
       o.keep_worker_memory = value.cast<bool>();
     else if (k == "step_timeout")
@@ -232,7 +234,7 @@ PopulationOptions optionsOf(const Policy& policy, const py::kwargs& kw) {
     else if (k == "shutdown_timeout")
       o.shutdown_timeout = secondsOf(value, "shutdown_timeout");
     else if (k == "max_restarts")
-      o.max_restarts = value.cast<int>();
+      o.max_restarts = checkedInt<int>(value, k);
     else if (k == "explore") {
       const auto e = value.cast<std::string>();
       if (e == "none")
@@ -278,23 +280,43 @@ class PyPopulation {
     if (!pop_) throw NotUsable("gradagg: the population is shut down");
     return *pop_;
   }
+  // The lock is taken without the GIL (the members' Python functions need it), so
+  // a second Python thread calling any of these waits for the first, as
+  // Aggregator.step() does: the population's channel carries one command at a time.
   std::vector<CopyEvent> generation() {
-    return withoutGil([&] { return pop().generation(); });
+    Population& p = pop();
+    return withoutGil([&] {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return p.generation();
+    });
   }
   MemberSnapshot snapshot(int rank) const {
-    return withoutGil([&] { return pop().snapshot(rank); });
+    const Population& p = pop();
+    return withoutGil([&] {
+      std::lock_guard<std::mutex> lock(mutex_);
+      return p.snapshot(rank);
+    });
   }
   void checkpoint(const std::string& path) const {
-    withoutGil([&] { pop().checkpoint(path); });
+    const Population& p = pop();
+    withoutGil([&] {
+      std::lock_guard<std::mutex> lock(mutex_);
+      p.checkpoint(path);
+    });
   }
   void shutdown() {
-    if (pop_) withoutGil([&] { pop_->shutdown(); });
+    if (pop_)
+      withoutGil([&] {
+        std::lock_guard<std::mutex> lock(mutex_);
+        pop_->shutdown();
+      });
   }
   const std::string& policyName() const { return policy_name_; }
 
  private:
   std::unique_ptr<Population> pop_;
   std::string policy_name_;
+  mutable std::mutex mutex_;  // one generation(), snapshot(), checkpoint() or shutdown() at a time
 };
 
 py::list tensorList(const std::vector<at::Tensor>& ts) {
@@ -343,7 +365,7 @@ void bindPopulation(py::module_& m) {
                 if (!py::isinstance<py::int_>(r))
                   throw InvalidArgument(
                       fmt::format("the policy must return a rank or -1, got {}", typeName(r)));
-                return r.cast<int>();
+                return checkedInt<int>(r, "the policy's rank");
               });
             });
           },

@@ -16,6 +16,7 @@
 
 #include <gradagg/errors.h>
 
+#include "ints.h"
 #include "runtime/utf8.h"
 #include "threads.h"
 
@@ -120,7 +121,7 @@ Message messageOf(const py::dict& d) {
     if (THPVariable_Check(value.ptr()))
       m.set(name, THPVariable_Unpack(value.ptr()));
     else if (py::isinstance<py::bool_>(value) || py::isinstance<py::int_>(value))
-      m.set(name, value.cast<std::int64_t>());
+      m.set(name, checkedInt<std::int64_t>(value, fmt::format("message '{}'", name)));
     else if (py::isinstance<py::float_>(value))
       m.set(name, value.cast<double>());
     else

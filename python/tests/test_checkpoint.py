@@ -267,6 +267,41 @@ def test_another_optimizer_or_scheduler_is_named_and_nothing_changes(tmp_path, s
     assert Checkpoint(bare).load(model).step == 1
 
 
+@pytest.mark.parametrize("damage,fragment", [
+    (lambda c: c.update(torch_rng=torch.full_like(c["torch_rng"], 0xAB)),
+     "its torch random state is not valid"),
+    (lambda c: c.update(torch_rng=torch.zeros(7, dtype=torch.uint8)),
+     "its torch random state is not valid"),
+    (lambda c: c.update(python_rng=(3, (1, 2), None)), "its Python random state is not valid"),
+    (lambda c: c.update(settings=None), "its 'settings' is builtins.NoneType, not a dict"),
+    (lambda c: c.update(optimizer=c["optimizer"]["state"]),
+     "its 'optimizer' is builtins.dict, not None or a dict of 'type' and 'state'"),
+    (lambda c: c.update(scheduler=[1]), "its 'scheduler' is builtins.list"),
+    (lambda c: c.update(step=-1), "its 'step' is -1, not an int >= 0"),
+], ids=["garbage-torch-rng", "short-torch-rng", "python-rng", "settings-none",
+        "optimizer-unwrapped", "scheduler-list", "negative-step"])
+def test_a_malformed_entry_is_a_checkpoint_error_and_changes_nothing(tmp_path, saved, damage,
+                                                                     fragment):
+    # A file intact as an envelope and a pickle whose content save() never writes: load()
+    # raises CheckpointError naming it before anything changes (the parameters, the
+    # optimizer, the scheduler, torch's and Python's random states).
+    raw, model, opt, sched = saved
+    content = torch.load(io.BytesIO(raw[32:]))
+    damage(content)
+    buffer = io.BytesIO()
+    torch.save(content, buffer)
+    path = tmp_path / "damaged.ckpt"
+    gradagg._core._write_durably(str(path), buffer.getvalue())
+    before, sched_before = tensors_of(model, opt), sched.state_dict()
+    torch_rng, python_rng = torch.get_rng_state(), random.getstate()
+    with pytest.raises(CheckpointError) as e:
+        Checkpoint(path).load(model, opt, scheduler=sched, settings=SETTINGS)
+    assert identical(tensors_of(model, opt), before), "the parameters or the optimizer changed"
+    assert sched.state_dict() == sched_before
+    assert torch.equal(torch.get_rng_state(), torch_rng) and random.getstate() == python_rng
+    assert e.value.path == str(path) and fragment in str(e.value)
+
+
 def test_different_settings_are_named_with_both_values_and_nothing_changes(tmp_path, saved):
     raw, model, opt, sched = saved
     path = tmp_path / "run.ckpt"

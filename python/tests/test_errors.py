@@ -101,6 +101,49 @@ def test_bad_options_are_value_errors_naming_the_field(kwargs, field):
     assert isinstance(info.value, ValueError)
 
 
+@pytest.mark.parametrize("kwargs,message", [
+    ({"message_bytes": -1}, r"message_bytes: expected an int in \[0, 2\*\*64\), got -1"),
+    ({"message_bytes": 2**64}, r"message_bytes: expected an int in \[0, 2\*\*64\)"),
+    ({"accumulation_steps": 2**31}, r"accumulation_steps: expected an int in \[-2\*\*31, 2\*\*31\)"),
+    ({"max_restarts": 2**40}, r"max_restarts: expected an int in \[-2\*\*31, 2\*\*31\)"),
+])
+def test_ints_out_of_their_range_are_value_errors_naming_the_field_and_range(kwargs, message):
+    model = mlp()
+    with pytest.raises(gradagg.InvalidArgument, match=message) as info:
+        gradagg.Aggregator(model, lambda ctx: None, **kwargs)
+    assert isinstance(info.value, ValueError)
+    with pytest.raises(gradagg.InvalidArgument, match=message):
+        gradagg.Options(**kwargs)
+    with pytest.raises(TypeError, match="expected an int, got str"):
+        gradagg.Options(**{name: "3" for name in kwargs})
+    nodes = gradagg.NodeOptions()
+    with pytest.raises(gradagg.InvalidArgument, match=r"nodes.bucket_bytes: .*\[0, 2\*\*64\)"):
+        nodes.bucket_bytes = -5
+
+
+def test_a_message_int_out_of_range_is_a_value_error_naming_the_entry():
+    model = mlp()
+    x, y = data(8)
+    with gradagg.Aggregator(model, shard_fn(model, x, y, bounds(8, 1, False)), workers=1) as agg:
+        with pytest.raises(gradagg.InvalidArgument,
+                           match=r"message 'big': expected an int in \[-2\*\*63, 2\*\*63\), got "
+                                 + str(2**70)):
+            agg.step({"big": 2**70})
+        agg.step({"small": -2**63, "flag": True})  # the range's ends and a bool go through
+        assert agg.steps_done == 1
+
+
+def test_population_ints_out_of_range_are_value_errors():
+    model = torch.nn.Linear(2, 1)
+    fns = {"make_optimizer": lambda hp: torch.optim.SGD(model.parameters(), lr=hp["lr"]),
+           "hyperparams": lambda rank, rng: {"lr": 0.1},
+           "train_step": lambda ctx: None, "score": lambda ctx: 0.0}
+    for kwargs, name in (({"workers": 2**40}, "workers"), ({"seed": -1}, "seed"),
+                         ({"publish_interval": 2**63}, "publish_interval")):
+        with pytest.raises(gradagg.InvalidArgument, match=name + ": expected an int in"):
+            gradagg.Population(model, **fns, **kwargs)
+
+
 def test_node_options_compression_takes_its_names_only():
     nodes = gradagg.NodeOptions()
     assert nodes.compression == "none"

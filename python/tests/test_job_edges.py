@@ -1,11 +1,15 @@
-"""The job's edges across nodes, from Python: the job token, and Ctrl-C while a
-node waits on the others (at the rendezvous, for a slow peer)."""
+"""The job's edges across nodes, from Python: the job token, Ctrl-C while a node
+waits on the others (at the rendezvous, for a slow peer), and what an interrupted
+rendezvous leaves behind."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
+
+import pytest
 
 PYTHONPATH = os.pathsep.join(p for p in sys.path if p)
 
@@ -98,3 +102,92 @@ def test_sigterm_at_the_rendezvous_ends_the_node_at_once_with_143_and_no_child_l
     # rendezvous' 30 s timeout (the conftest fixture checks nothing is left in /dev/shm).
     assert p.returncode == -signal.SIGTERM, (p.returncode, out + err)
     assert took < 2.0, out + err
+
+
+# -- what an interrupted start-up leaves: nothing ----------------------------------------------
+
+TCP_NODE = """
+    import os, signal, socket, sys, time, psutil, torch, gradagg
+    rank, nodes, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+
+    def on_alarm(*_):
+        raise TimeoutError("the start-up took too long")  # a user's own timeout
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    model = torch.nn.Linear(2, 1)
+    options = gradagg.NodeOptions(nodes=nodes, node_rank=rank, master_addr="127.0.0.1",
+                                  master_port=port, timeout=30)
+    threads = len(os.listdir("/proc/self/task"))
+    print("starting", flush=True)
+    try:
+        gradagg.Aggregator(model, lambda ctx: model(torch.ones(3, 2)).sum(), workers=1,
+                           nodes=options)
+    except (KeyboardInterrupt, TimeoutError) as e:
+        print(type(e).__name__, flush=True)
+    time.sleep(0.2)
+    me = psutil.Process()
+    free = True  # node 0's port (another node's is node 0's server's)
+    if rank == 0:
+        server = socket.socket()
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            server.bind(("127.0.0.1", port))
+            server.listen()
+        except OSError:
+            free = False
+        server.close()
+    print("children", [c.pid for c in me.children(recursive=True)], flush=True)
+    print("port", "free" if free else "held", flush=True)
+    print("connections", [c.raddr.port for c in me.connections("tcp")
+                          if c.raddr and c.raddr.port == port], flush=True)
+    print("threads", len(os.listdir("/proc/self/task")) - threads, flush=True)
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tcp_node(rank, nodes, port):
+    env = dict(os.environ, PYTHONPATH=PYTHONPATH)
+    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(TCP_NODE), str(rank), str(nodes),
+                          str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    assert p.stdout.readline().strip() == "starting"
+    return p
+
+
+def what_it_left(p, interrupt):
+    time.sleep(1.5)  # in the rendezvous: waiting for a node that never comes
+    interrupt(p)
+    out, err = p.communicate(timeout=20)
+    lines = dict(line.split(" ", 1) for line in out.splitlines()[1:])
+    return out.splitlines()[0], lines, out + err
+
+
+@pytest.mark.parametrize("rank,interrupt,raised", [
+    (0, lambda p: p.send_signal(signal.SIGINT), "KeyboardInterrupt"),
+    (0, lambda p: p.send_signal(signal.SIGALRM), "TimeoutError"),
+    (1, lambda p: p.send_signal(signal.SIGINT), "KeyboardInterrupt"),
+    (1, lambda p: p.send_signal(signal.SIGALRM), "TimeoutError"),
+], ids=["node0-ctrl-c", "node0-handler-raises", "node1-ctrl-c", "node1-handler-raises"])
+def test_an_interrupted_rendezvous_leaves_no_server_client_or_thread(rank, interrupt, raised):
+    # A Python exception out of the rendezvous (Ctrl-C's KeyboardInterrupt, or what a signal
+    # handler raises) is no C++ std::exception: the start-up's store is closed and its thread
+    # joined all the same, and node 0's server process stopped, so the program that goes on
+    # holds nothing of it: no child, no listening port, no connection, no thread.
+    port = free_port()
+    zero = tcp_node(0, 3, port) if rank == 1 else None  # node 0 serves, node 2 never comes
+    try:
+        first, left, text = what_it_left(tcp_node(rank, 3, port), interrupt)
+    finally:
+        if zero is not None:
+            zero.kill()
+            zero.communicate()
+    assert first == raised, text
+    assert left["children"] == "[]", text
+    assert left["port"] == "free", text
+    assert left["connections"] == "[]", text
+    assert left["threads"] == "0", text

@@ -117,6 +117,40 @@ def test_policy_none_members_train_as_plain_torch():
     assert same_state(model.state_dict(), start.state_dict())
 
 
+def test_two_python_threads_sharing_a_population_take_turns():
+    # The population's channel carries one command at a time: a second thread's
+    # generation() waits for the first, as Aggregator.step() does, and no command is
+    # lost or doubled (a race: a StepTimeout, a wrong step count or a hang).
+    import threading
+    model = linear()
+    start = copy.deepcopy(model)
+    lrs = [0.1, 0.03]
+    per_thread = 6
+    errors = []
+
+    def run(pop):
+        try:
+            for _ in range(per_thread):
+                pop.generation()
+                pop.snapshot(0)
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+
+    with population(model, lrs, step_timeout=10.0) as pop:
+        threads = [threading.Thread(target=run, args=(pop,), daemon=True) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=90)
+        assert not any(t.is_alive() for t in threads), "a thread hangs"
+        assert errors == []
+        for r, lr in enumerate(lrs):
+            s = pop.snapshot(r)
+            assert (s.step, s.version) == (2 * per_thread * K, 2 * per_thread + 1)
+            ref = plain(start, lr, 2 * per_thread * K, *DATA[r])
+            assert all(torch.equal(p, q) for p, q in zip(s.parameters, ref.parameters()))
+
+
 @pytest.mark.parametrize("copy_state", [True, False])
 def test_exploit_copies_weights_optimizer_state_and_hyperparams(copy_state):
     model = linear()

@@ -13,6 +13,7 @@
 
 #include <sys/stat.h>
 
+#include <limits>
 #include <mutex>
 #include <sstream>
 
@@ -244,6 +245,17 @@ void checkShapes(const ModelView& model, const Saved& saved, const std::string& 
   for (std::size_t i = 0; i < saved.buffers.size(); ++i) check(model.buffers[i], saved.buffers[i]);
 }
 
+// The saved generator state must be one the default CPU generator takes (its
+// size, a seeded mt19937): tried on a generator of its own, before anything is set.
+void checkGeneratorState(const at::Tensor& rng, const std::string& path) {
+  try {
+    at::detail::createCPUGenerator().set_state(rng);
+  } catch (const c10::Error& e) {
+    fail(path, fmt::format("holds a random generator state the CPU generator refuses: {}",
+                           e.what_without_backtrace()));
+  }
+}
+
 }  // namespace
 
 TrainingState Checkpoint::load(const ModelView& model, torch::optim::Optimizer* optimizer,
@@ -256,14 +268,18 @@ TrainingState Checkpoint::load(const ModelView& model, torch::optim::Optimizer* 
   TrainingState state;
   state.identity = identityOf(crc, payload.size());
   const Saved saved = readSaved(archive, payload, model, state, path_);
-  // Settings first, then every shape: nothing is changed before all fit.
+  // Settings first, then every shape, the generator's state and the scheduler's
+  // steps: nothing is changed before all fit.
   checkSettings(state.settings, settings, path_);
   checkShapes(model, saved, path_);
+  checkGeneratorState(saved.rng, path_);
   std::int64_t scheduler_steps = 0;
   if (scheduler != nullptr) {
     c10::IValue v;
     if (!archive.try_read("scheduler_steps", v))
       fail(path_, "holds no scheduler state (it was saved without a scheduler)");
+    if (!v.isInt() || v.toInt() < 0 || v.toInt() > std::numeric_limits<unsigned>::max())
+      fail(path_, fmt::format("holds scheduler steps {}, not a count", c10::str(v)));
     scheduler_steps = v.toInt();
   }
   try {

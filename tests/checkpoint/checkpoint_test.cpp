@@ -11,9 +11,16 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
+#include <mutex>
+#include <optional>
 #include <random>
+#include <sstream>
 
+#include <torch/csrc/jit/serialization/import.h>
+
+#include "checkpoint/durable_file.h"
 #include "runtime/temp_dir.h"
 #include "support/expect_throws.h"
 #include "support/support.h"
@@ -99,6 +106,19 @@ struct Training {
     return out;
   }
 };
+
+// Rewrites the checkpoint at `path` (a torch::serialize archive, a TorchScript
+// module inside the envelope) with `change` applied to the module, in a valid
+// envelope: content no save() writes, which only the load's checks can refuse.
+void rewriteArchive(const std::string& path,
+                    const std::function<void(torch::jit::Module&)>& change) {
+  std::istringstream in(gradagg::detail::readVerified(path));
+  torch::jit::Module archive = torch::jit::load(in);
+  change(archive);
+  std::ostringstream out;
+  archive.save(out);
+  gradagg::detail::writeDurably(path, out.str());
+}
 
 class CheckpointTest : public GradaggTest {
  protected:
@@ -329,6 +349,44 @@ TEST_F(CheckpointTest, ADifferentModelIsNamedAndChangesNothing) {
   auto wide = makeModel(ModelKind::kConvBnTrain, torch::kDouble);
   torch::optim::Adam adam64(wide->parameters(), torch::optim::AdamOptions(0.01));
   expectThrows<CheckpointError>([&] { ckpt.load(*wide, adam64, {}); }, "in this model");
+}
+
+// A generator state the CPU generator refuses (zeroed: an unseeded mt19937) is
+// the checkpoint's error, found before the parameters, the optimizer or the
+// generator are touched, not LibTorch's "Invalid mt19937 state".
+TEST_F(CheckpointTest, AnInvalidGeneratorStateIsNamedAndChangesNothing) {
+  Training run;
+  run.steps(1);
+  const Checkpoint ckpt(dir_.file("run.ckpt"));
+  ckpt.save(*run.model, *run.opt, TrainingState{1, {}, {}, {}, {}});
+  ckpt.wait();
+  rewriteArchive(ckpt.path(), [](torch::jit::Module& m) { m.attr("rng").toTensor().zero_(); });
+  Training other;
+  other.steps(2);
+  const auto before = other.state();
+  at::Tensor generator_before;
+  {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator_before = generator.get_state();
+  }
+  std::optional<CheckpointError> e;
+  try {
+    ckpt.load(*other.model, *other.opt, {});
+  } catch (const CheckpointError& error) {
+    e = error;
+  } catch (const std::exception& other_error) {
+    ADD_FAILURE() << "not a CheckpointError: " << other_error.what();
+  }
+  EXPECT_TRUE(bitIdentical(other.state(), before)) << "the parameters or buffers changed";
+  {
+    auto generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    EXPECT_TRUE(torch::equal(generator.get_state(), generator_before));
+  }
+  ASSERT_TRUE(e.has_value()) << "no CheckpointError";
+  EXPECT_EQ(e->path(), ckpt.path());
+  EXPECT_NE(std::string(e->what()).find("random generator state"), std::string::npos) << e->what();
 }
 
 }  // namespace

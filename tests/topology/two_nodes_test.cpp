@@ -153,6 +153,57 @@ TEST(NodeOptions, FromEnvironmentReadsSlurmsVariables) {
   EXPECT_THROW(gradagg::NodeOptions::fromEnvironment(), gradagg::InvalidArgument);
 }
 
+// A host list with several brackets names its first host whole; inside a step
+// (srun) the step's own node list and node count, which SLURM_NODEID counts, win
+// over the job's.
+TEST(NodeOptions, FromEnvironmentTakesNode0FromTheStepsNodeListWithEveryBracketExpanded) {
+  for (const auto& [list, first] :
+       std::vector<std::pair<const char*, const char*>>{{"rack[1-2]-n[01-04]", "rack1-n01"},
+                                                        {"rack[3,5]-n[07-08],solo", "rack3-n07"},
+                                                        {"a[2-3]b[4]c", "a2b4c"}}) {
+    Environment nodes({{"SLURM_JOB_NODELIST", list}});
+    EXPECT_EQ(gradagg::NodeOptions::fromEnvironment().master_addr, first) << list;
+  }
+  // A job on gpu[01-08] whose step runs on its last four nodes: node 0 of the step is gpu05.
+  Environment step({{"SLURM_JOB_NODELIST", "gpu[01-08]"},
+                    {"SLURM_NNODES", "4"},
+                    {"SLURM_STEP_NODELIST", "gpu[05-08]"},
+                    {"SLURM_STEP_NUM_NODES", "4"},
+                    {"SLURM_NODEID", "2"}});
+  const auto o = gradagg::NodeOptions::fromEnvironment();
+  EXPECT_EQ(o.master_addr, "gpu05");
+  EXPECT_EQ(o.nodes, 4);
+  EXPECT_EQ(o.node_rank, 2);
+}
+
+// srun with several tasks per node would start several node parents on one
+// machine, each forking all its workers: refused, as torchrun's LOCAL_WORLD_SIZE > 1.
+TEST(NodeOptions, FromEnvironmentRefusesSeveralSlurmTasksPerNode) {
+  Environment nodes({{"SLURM_NNODES", "2"}, {"SLURM_NODEID", "0"}, {"SLURM_NTASKS", "2"}});
+  EXPECT_EQ(gradagg::NodeOptions::fromEnvironment().nodes, 2) << "one task per node";
+  const auto refused = [](const char* what) {
+    if (const auto e = expectThrows<gradagg::InvalidArgument>(
+            [] { gradagg::NodeOptions::fromEnvironment(); }, what)) {
+      EXPECT_NE(std::string(e->what()).find("--ntasks-per-node 1"), std::string::npos) << e->what();
+    }
+  };
+  {
+    Environment per_node({{"SLURM_NTASKS_PER_NODE", "4"}});
+    refused("SLURM_NTASKS_PER_NODE=4");
+  }
+  {
+    Environment step({{"SLURM_STEP_TASKS_PER_NODE", "1(x2),2"}});
+    refused("SLURM_STEP_TASKS_PER_NODE=1(x2),2");
+  }
+  {
+    // The step's one task per node, in a job of four per node: the step's layout counts.
+    Environment step({{"SLURM_STEP_TASKS_PER_NODE", "1(x2)"}, {"SLURM_NTASKS_PER_NODE", "4"}});
+    EXPECT_NO_THROW(gradagg::NodeOptions::fromEnvironment());
+  }
+  Environment tasks({{"SLURM_NTASKS", "8"}});
+  refused("SLURM_NTASKS=8 and SLURM_NNODES=2");
+}
+
 // torchrun's static rendezvous: its agent on node 0 serves the TCPStore and every
 // node (node 0 too) connects to it as a client, under a per-attempt prefix. The
 // agent is a process of its own, as torchrun's is: a store server's thread in

@@ -84,9 +84,10 @@ NodeGroup::NodeGroup(const NodeOptions& o)
     impl_->context = std::move(started.groups.context);
     impl_->watch = std::make_unique<InterruptWatch>(std::move(started.groups.sockets));
   } catch (const InvalidArgument&) {
+    releaseStartUp();
     throw;
   } catch (const std::exception& e) {
-    if (impl_->base) impl_->base->close();  // an abandoned start-up's next wait ends at once
+    releaseStartUp();
     const std::string where =
         !tcp ? "FileStore " + o.store_path
              : fmt::format("{} {}:{}",
@@ -101,7 +102,21 @@ NodeGroup::NodeGroup(const NodeOptions& o)
                                  "ms: {}",
                                  o.node_rank, o.nodes, where, o.timeout.count(), message(e)),
                      o.node_rank);
+  } catch (...) {
+    // The host's interrupt (Python's KeyboardInterrupt, or what its signal
+    // handler raised): no std::exception, the same release, then as it is.
+    releaseStartUp();
+    throw;
   }
+}
+
+// What a failed start-up leaves: the store closed (an abandoned start-up's next
+// wait ends at once) and node 0's server stopped. An abandoned start-up's
+// client of it (store_client.h) ends its call with an error when the server
+// goes: nothing of it runs in a thread of its own that could abort.
+void NodeGroup::releaseStartUp() noexcept {
+  if (impl_->base) impl_->base->close();
+  if (impl_->server) impl_->server->stop();
 }
 
 void NodeGroup::endRendezvous() {

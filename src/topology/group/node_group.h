@@ -55,6 +55,8 @@ class NodeGroup {
   std::vector<std::int64_t> allgather(std::int64_t value, const char* what);
 
  private:
+  // The store and node 0's server after a failed or interrupted start-up.
+  void releaseStartUp() noexcept;
   [[noreturn]] void fail(const char* what, const std::exception& e, std::int64_t began);
   // Waits for a c10d operation in slices, so that a timeout or
   // interruptWaits() ends it whatever c10d's threads do.

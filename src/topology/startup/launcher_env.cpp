@@ -2,10 +2,12 @@
 // job starts under (torchrun, Slurm) and gradagg's own.
 #include <gradagg/options.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <initializer_list>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -16,23 +18,29 @@
 namespace gradagg {
 
 namespace {
+// The first host of a Slurm host list: its first entry at bracket depth 0, each
+// bracket replaced by its first number. "node[01-04,07],gpu5" -> "node01";
+// "rack[1-2]-n[01-04]" -> "rack1-n01"; "a,b" -> "a"; "host" -> "host".
 std::string firstSlurmHost(const std::string& list) {
-  // "node[01-04,07],gpu5" -> "node01"; "a,b" -> "a"; "host" -> "host".
-  std::size_t end = 0;
+  std::string first;
   int depth = 0;
-  for (; end < list.size(); ++end) {
-    if (list[end] == '[') ++depth;
-    if (list[end] == ']') --depth;
-    if (list[end] == ',' && depth == 0) break;
+  bool first_of_range = false;  // inside a bracket, before its first ',' or '-'
+  for (const char c : list) {
+    if (c == ',' && depth == 0) break;
+    if (c == '[') {
+      ++depth;
+      first_of_range = true;
+    } else if (c == ']') {
+      --depth;
+    } else if (depth == 0) {
+      first += c;
+    } else if (c == ',' || c == '-') {
+      first_of_range = false;
+    } else if (first_of_range) {
+      first += c;
+    }
   }
-  std::string first = list.substr(0, end);
-  const std::size_t open = first.find('[');
-  if (open == std::string::npos) return first;
-  const std::size_t close = first.find(']', open);
-  const std::string range = first.substr(open + 1, close - open - 1);
-  const std::string start = range.substr(0, range.find_first_of(",-"));
-  return first.substr(0, open) + start +
-         (close == std::string::npos ? "" : first.substr(close + 1));
+  return first;
 }
 
 // The environment's variables, read with the checks every launcher's need.
@@ -80,12 +88,60 @@ void fromEnvInit(NodeOptions& o) {
   Environment::integers({{"WORLD_SIZE", &o.nodes}, {"RANK", &o.node_rank}});
 }
 
-// Slurm (srun, one task per node): SLURM_NNODES, SLURM_NODEID, the first host
-// of SLURM_JOB_NODELIST as node 0.
+// The most tasks a node of a Slurm step runs: SLURM_STEP_TASKS_PER_NODE is a
+// list such as "2(x3),1" (2 tasks on each of 3 nodes, then 1).
+int mostSlurmTasksPerNode(const std::string& list) {
+  int most = 0;
+  std::size_t at = 0;
+  while (at < list.size()) {
+    char* end = nullptr;
+    const long n = std::strtol(list.c_str() + at, &end, 10);
+    if (end == list.c_str() + at) return 0;  // not Slurm's format: nothing to refuse
+    most = std::max(most, static_cast<int>(std::min<long>(n, std::numeric_limits<int>::max())));
+    const std::size_t comma = list.find(',', at);
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return most;
+}
+
+[[noreturn]] void refuseSlurmTasksPerNode(const std::string& what) {
+  throw InvalidArgument(fmt::format(
+      "environment {}: gradagg runs one process per node (it forks its own workers); start it "
+      "with srun --ntasks-per-node 1",
+      what));
+}
+
+// Slurm (srun, one task per node): SLURM_NNODES (the step's SLURM_STEP_NUM_NODES
+// where set), SLURM_NODEID (the step's node index) and, as node 0, the first host
+// of SLURM_STEP_NODELIST (the step's nodes, which SLURM_NODEID counts), else of
+// SLURM_JOB_NODELIST. Several tasks per node are refused: the step's
+// SLURM_STEP_TASKS_PER_NODE above 1 where srun sets it, else the job's
+// SLURM_NTASKS_PER_NODE above 1 or SLURM_NTASKS above SLURM_NNODES.
 void fromSlurm(NodeOptions& o) {
-  Environment::integers({{"SLURM_NNODES", &o.nodes}, {"SLURM_NODEID", &o.node_rank}});
-  if (const char* list = Environment::get("SLURM_JOB_NODELIST"))
-    o.master_addr = firstSlurmHost(list);
+  Environment::integers({{"SLURM_NNODES", &o.nodes},
+                         {"SLURM_STEP_NUM_NODES", &o.nodes},
+                         {"SLURM_NODEID", &o.node_rank}});
+  const char* list = Environment::get("SLURM_STEP_NODELIST");
+  if (list == nullptr) list = Environment::get("SLURM_JOB_NODELIST");
+  if (list != nullptr) o.master_addr = firstSlurmHost(list);
+
+  // The step's own layout where srun gives it (a job's SLURM_NTASKS_PER_NODE is
+  // inherited by a step that runs fewer tasks); else the job's.
+  if (const char* step = Environment::get("SLURM_STEP_TASKS_PER_NODE")) {
+    if (mostSlurmTasksPerNode(step) > 1)
+      refuseSlurmTasksPerNode(fmt::format("variable SLURM_STEP_TASKS_PER_NODE={}", step));
+    return;
+  }
+  int per_node = 1;
+  if (Environment::number("SLURM_NTASKS_PER_NODE", per_node) && per_node > 1)
+    refuseSlurmTasksPerNode(fmt::format("variable SLURM_NTASKS_PER_NODE={}", per_node));
+  int tasks = 0;
+  int nodes = 0;
+  if (Environment::number("SLURM_NTASKS", tasks) && Environment::number("SLURM_NNODES", nodes) &&
+      tasks > nodes)
+    refuseSlurmTasksPerNode(
+        fmt::format("variables SLURM_NTASKS={} and SLURM_NNODES={}", tasks, nodes));
 }
 
 // torchrun --nnodes N --nproc_per_node 1: each node's one process is a node

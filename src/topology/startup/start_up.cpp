@@ -153,14 +153,21 @@ void requireResolvable(const NodeOptions& o) {
 Started startWithin(const NodeOptions& o, const Deadline& deadline,
                     const std::function<void()>& waiting, c10::intrusive_ptr<RendezvousStore>& base,
                     bool& abandoned) {
-  auto shared_base = std::make_shared<c10::intrusive_ptr<RendezvousStore>>();
-  auto base_mutex = std::make_shared<std::mutex>();
+  // What the start-up's thread and the caller share: the store once open, and
+  // whether the caller gave up (the thread then closes a store it opens later).
+  struct Shared {
+    std::mutex mutex;
+    c10::intrusive_ptr<RendezvousStore> base;
+    bool given_up = false;
+  };
+  auto shared = std::make_shared<Shared>();
   auto task = std::make_shared<std::packaged_task<Started()>>([=] {
     Started s;
     s.base = c10::make_intrusive<RendezvousStore>(openStore(o, deadline), deadline);
     {
-      std::lock_guard<std::mutex> lock(*base_mutex);
-      *shared_base = s.base;
+      std::lock_guard<std::mutex> lock(shared->mutex);
+      shared->base = s.base;
+      if (shared->given_up) s.base->close();  // the admission's first call ends it
     }
     const std::string prefix = admit(*s.base, o, deadline, waiting);
     s.store = c10::make_intrusive<c10d::PrefixStore>(o.store_prefix + "/" + prefix, s.base);
@@ -176,10 +183,23 @@ Started startWithin(const NodeOptions& o, const Deadline& deadline,
       waiting();  // also while node 0's store does not answer yet
     }
   } catch (...) {
-    std::lock_guard<std::mutex> lock(*base_mutex);
-    base = *shared_base;
-    thread.detach();
-    abandoned = true;
+    // Anything: a stop, the deadline, or the host's interrupt (Python's
+    // KeyboardInterrupt, no std::exception). The store closed, the thread's next
+    // store call throws (its waits poll): joined when it ends within kLetGo, so
+    // nothing of it outlives this call; else left to finish alone.
+    {
+      std::lock_guard<std::mutex> lock(shared->mutex);
+      shared->given_up = true;
+      base = shared->base;
+    }
+    if (base) base->close();
+    constexpr auto kLetGo = std::chrono::milliseconds(500);
+    if (done.wait_for(kLetGo) == std::future_status::ready) {
+      thread.join();
+    } else {
+      thread.detach();
+      abandoned = true;
+    }
     throw;
   }
   thread.join();  // gone before any fork

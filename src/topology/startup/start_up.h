@@ -38,10 +38,11 @@ struct Started {
 // The start-up in a thread of its own, waited for in slices by the caller: a
 // store stalled by a stray client, gloo's connects to a dead address and
 // c10d's own retries overshoot their timeouts, and no signal reaches them. At
-// the deadline or on interruptWaits() it throws and the thread is left to
-// finish alone; `base` is then what there is of the store, for the caller to
-// close (the thread's next store operation ends it), and `abandoned` is set:
-// the thread may still be in a call of c10d's or gloo's. `waiting` runs
+// the deadline, on interruptWaits() or on the host's interrupt (anything
+// thrown) it closes the store, so that the thread's next store operation ends
+// it, and rethrows once the thread ended (joined), or after 500 ms with the
+// thread left to finish alone and `abandoned` set: it may still be in a call of
+// c10d's or gloo's. `base` is then what there is of the store (closed). `waiting` runs
 // between the admission's polls and the caller's (the waiting line).
 Started startWithin(const NodeOptions& o, const Deadline& deadline,
                     const std::function<void()>& waiting, c10::intrusive_ptr<RendezvousStore>& base,
