@@ -18,8 +18,10 @@
 
 // The loops compiled twice, for AVX2 and for the x86-64 baseline, picked at load
 // time. Neither uses FMA (and kernels*.cpp build with -ffp-contract=off), so
-// both round exactly alike: results do not depend on which one runs.
-#ifdef GRADAGG_X86_GCC
+// both round exactly alike: results do not depend on which one runs. Not under
+// ThreadSanitizer: GCC instruments the clones' resolver, which the dynamic loader
+// runs before TSan's runtime is set up (every program died by SIGSEGV at load).
+#if defined(GRADAGG_X86_GCC) && !defined(__SANITIZE_THREAD__)
 #define GRADAGG_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define GRADAGG_CLONES
