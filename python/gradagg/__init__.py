@@ -152,6 +152,7 @@ class Aggregator(_Aggregator):
                     f"model: expected a torch.nn.Module, got {type(model).__name__} "
                     f"(it has no {method}())")
         super().__init__(model, shard, options)
+        self._constructed = True
 
     def __enter__(self):
         return self
@@ -161,6 +162,10 @@ class Aggregator(_Aggregator):
         return False
 
     def __repr__(self):
+        # One whose __init__ raised (a traceback's frames still hold it) has
+        # no C++ Aggregator behind it: reading its properties would crash.
+        if not self.__dict__.get("_constructed", False):
+            return "gradagg.Aggregator(not constructed)"
         state = "usable" if self.usable else "closed"
         at = self.position
         return (f"gradagg.Aggregator(workers={self.workers}, steps_done={self.steps_done}, "

@@ -163,6 +163,29 @@ def test_bad_models():
         gradagg.Aggregator(mlp(), "not callable")
 
 
+def test_an_aggregator_whose_construction_raised_has_a_repr():
+    # pytest's long tracebacks call repr() on the frames' locals, self included:
+    # one whose __init__ raised (before or inside the C++ constructor) has no
+    # C++ Aggregator behind it. Run in a child: before, this crashed Python.
+    code = """
+import sys, traceback, gradagg, torch
+for model in (object(), torch.nn.Linear(2, 2).to(torch.complex64)):
+    try:
+        gradagg.Aggregator(model, lambda ctx: None)
+    except gradagg.InvalidArgument:
+        tb = sys.exc_info()[2]
+        while tb.tb_next is not None and "self" not in tb.tb_frame.f_locals:
+            tb = tb.tb_next
+        print(repr(tb.tb_frame.f_locals["self"]))
+"""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=os.environ)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["gradagg.Aggregator(not constructed)"] * 2
+
+
 @pytest.mark.parametrize("change", [
     lambda m: setattr(m[0], "weight", torch.nn.Parameter(torch.zeros(8, 5))),
     lambda m: m.__setitem__(2, torch.nn.Linear(8, 3)),
