@@ -208,7 +208,6 @@ void Aggregator::Impl::finishForPeers() noexcept {
   try {
     Contribution abandoned;
     abandoned.abandoned = true;
-    abandoned.has_grad.assign(binding.params().size(), 0);
     stage().reduce(abandoned, results.fresh());
   } catch (...) {  // the other groups are gone too: the first error says more
   }

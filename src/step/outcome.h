@@ -13,6 +13,9 @@
 // Each phase takes what the one before it returned, by const reference, and
 // returns its own value: nothing is written back into an argument, and no
 // phase leaves a value in a worker's slot for a later one to find there.
+// The per-parameter flags and rows are views (c10::ArrayRef) of storage their
+// phase keeps and reuses, so a step allocates nothing: a view is valid until
+// its phase runs again, the next step.
 #pragma once
 
 #include <array>
@@ -20,6 +23,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include <c10/util/ArrayRef.h>
 
 #include <gradagg/shard.h>
 
@@ -52,11 +57,11 @@ struct Contribution {
   bool abandoned = false;
   StepSums sums;
   // Per parameter, the workers' has-grad flags OR-ed (kDenseGrad, kSparseGrad).
-  std::vector<std::uint8_t> has_grad;
+  c10::ArrayRef<std::uint8_t> has_grad;
   // For parameters whose every gradient was sparse: the rows any worker
   // touched, one byte per row at RowMap::offset[k] (step/sparse_rows.h);
   // empty when there are none.
-  std::vector<std::uint8_t> rows;
+  c10::ArrayRef<std::uint8_t> rows;
 
   bool failed() const { return failed_rank >= 0 || !metric_error.empty() || abandoned; }
   bool nonFinite() const { return non_finite_rank >= 0; }
@@ -78,8 +83,8 @@ struct Reduced {
   // The result region (layout.h) that holds the mean gradient of every
   // parameter flagged in has_grad; meaningful only when the step goes through.
   int result = 0;
-  std::vector<std::uint8_t> has_grad;  // everyone's, as Contribution::has_grad
-  std::vector<std::uint8_t> rows;      // everyone's, as Contribution::rows
+  c10::ArrayRef<std::uint8_t> has_grad;  // everyone's, as Contribution::has_grad
+  c10::ArrayRef<std::uint8_t> rows;      // everyone's, as Contribution::rows
   WireTotals wire;
 
   // One group's step: its contribution is everyone's.

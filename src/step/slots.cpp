@@ -200,7 +200,7 @@ bool SlotReader::identicalGradients() const {
   return false;
 }
 
-Contribution SlotReader::collect(const RowMap& rows) const {
+Contribution SlotReader::collect(const RowMap& rows) {
   Contribution out;
   for (int r = workers_ - 1; r >= 0; --r) {
     if (status(r) == SlotStatus::kFailed) out.failed_rank = r;
@@ -215,19 +215,23 @@ Contribution SlotReader::collect(const RowMap& rows) const {
     t.samples += c.samples;
   }
   const std::size_t params = rows.rows.size();
-  out.has_grad.assign(params, 0);
+  has_grad_.resize(params);
+  bool sparse = false;
   for (std::size_t k = 0; k < params; ++k) {
     std::uint8_t flags = 0;
     for (int r = 0; r < workers_; ++r) flags |= map_.slotFlags(r)[k];
-    out.has_grad[k] = flags;
+    has_grad_[k] = flags;
     if (!sparseOnly(flags)) continue;
-    if (out.rows.empty()) out.rows.assign(rows.bytes, 0);
-    std::uint8_t* touched = out.rows.data() + rows.offset[k];
+    if (!sparse) rows_.assign(rows.bytes, 0);  // the first step with any: allocates once
+    sparse = true;
+    std::uint8_t* touched = rows_.data() + rows.offset[k];
     for (int r = 0; r < workers_; ++r) {
       const std::uint8_t* in = map_.slotRows(r) + rows.offset[k];
       for (std::int64_t i = 0; i < rows.rows[k]; ++i) touched[i] |= in[i];
     }
   }
+  out.has_grad = has_grad_;
+  if (sparse) out.rows = rows_;
   return out;
 }
 

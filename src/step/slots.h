@@ -93,8 +93,9 @@ class SlotReader {
   void prepareStart();
   // The collect phase (step/outcome.h), metrics aside: statuses, sums (with
   // the closer's weights), the has-grad flags OR-ed and, for parameters whose
-  // every gradient was sparse, the rows touched OR-ed (`rows` says where).
-  Contribution collect(const RowMap& rows) const;
+  // every gradient was sparse, the rows touched OR-ed (`rows` says where);
+  // the flags and rows are views of this reader's, valid until the next call.
+  Contribution collect(const RowMap& rows);
   // Every worker with samples left the same gradient, bit for bit, and it is
   // not all zeros: they most likely read the same batch (a parent's iterator
   // read in the shard function). False with fewer than two such workers.
@@ -120,6 +121,7 @@ class SlotReader {
  private:
   SegmentMap map_;
   int workers_;
+  std::vector<std::uint8_t> has_grad_, rows_;  // collect()'s, reused every step
 };
 
 }  // namespace gradagg::detail

@@ -1,5 +1,7 @@
 // The step's outcome (step/outcome.h): the verdict's order, and one group's
 // Reduced being its Contribution.
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include "step/outcome.h"
@@ -8,11 +10,14 @@
 namespace gradagg::detail {
 namespace {
 
+const std::vector<std::uint8_t> kHasGrad = {kDenseGrad, 0, kSparseGrad};
+const std::vector<std::uint8_t> kRows = {0, 1, 1, 0};
+
 Contribution withSamples(double weight_total) {
   Contribution c;
   c.sums.weight_total = weight_total;
   c.sums.samples = static_cast<std::int64_t>(weight_total);
-  c.has_grad = {kDenseGrad, 0, kSparseGrad};
+  c.has_grad = kHasGrad;
   return c;
 }
 
@@ -22,7 +27,7 @@ TEST(StepOutcome, OneGroupsReducedIsItsContributionInTheResultItNames) {
   c.sums.metrics.count = 2;
   c.sums.metrics.values[0] = 3;
   c.sums.metrics.values[1] = 4;
-  c.rows = {0, 1, 1, 0};
+  c.rows = kRows;
   const Reduced r = Reduced::of(c, 1);
   EXPECT_EQ(r.result, 1);
   EXPECT_FALSE(r.failed);
@@ -32,8 +37,8 @@ TEST(StepOutcome, OneGroupsReducedIsItsContributionInTheResultItNames) {
   EXPECT_EQ(r.sums.loss, 0.25);
   EXPECT_EQ(r.sums.metrics.count, 2);
   EXPECT_EQ(r.sums.metrics.values[1], 4);
-  EXPECT_EQ(r.has_grad, c.has_grad);
-  EXPECT_EQ(r.rows, c.rows);
+  EXPECT_EQ(r.has_grad.vec(), kHasGrad);
+  EXPECT_EQ(r.rows.vec(), kRows);
   EXPECT_EQ(r.wire.collectives, 0);
   EXPECT_EQ(judge(c, r), Verdict::kApply);
 }

@@ -85,24 +85,26 @@ void CrossNode::beforeStep(std::int64_t step) {
 Reduced CrossNode::reduce(const Contribution& local, int result) {
   std::byte* status = segment_.tail(result);
   const bool wide = status_dtype_ == c10::ScalarType::Double;
+  const std::size_t params = binding_.params().size();
   if (wide)
-    writeStatus<double>(status, local);
+    writeStatus<double>(status, local, params);
   else
-    writeStatus<float>(status, local);
+    writeStatus<float>(status, local, params);
   // A node whose workers failed sends whatever its result holds: every node
   // then sees the failure in the status and discards the sums.
   const int overlapped = overlapped_;
   const int sent = awaitSent();
   for (std::size_t i = static_cast<std::size_t>(sent); i < pieces_.size(); ++i)
     send(pieces_[i], result);
-  const std::size_t params = binding_.params().size();
-  NodeStatus all = wide ? readStatus<double>(status, params) : readStatus<float>(status, params);
+  all_has_grad_.resize(params);
+  const NodeStatus all = wide ? readStatus<double>(status, all_has_grad_.data(), params)
+                              : readStatus<float>(status, all_has_grad_.data(), params);
   Reduced out;
   out.failed = all.failed;
   out.non_finite = all.non_finite;
   out.sums = all.sums;
   out.result = result;
-  out.has_grad = std::move(all.has_grad);
+  out.has_grad = all_has_grad_;
   out.wire.bytes = wire_bytes_;
   out.wire.collectives = static_cast<int>(pieces_.size());
   out.wire.overlapped = overlapped;
@@ -141,8 +143,8 @@ MetricSums CrossNode::sumMetrics(const MetricSums& local, int nodes, int names) 
   return out;
 }
 
-std::vector<std::uint8_t> CrossNode::unionRows(const std::vector<std::uint8_t>& local,
-                                               const std::vector<std::uint8_t>& has_grad) {
+c10::ArrayRef<std::uint8_t> CrossNode::unionRows(c10::ArrayRef<std::uint8_t> local,
+                                                 c10::ArrayRef<std::uint8_t> has_grad) {
   std::int64_t count = 0;
   for (std::size_t k = 0; k < has_grad.size(); ++k)
     if (sparseOnly(has_grad[k])) count += row_map_.rows[k];
@@ -161,15 +163,15 @@ std::vector<std::uint8_t> CrossNode::unionRows(const std::vector<std::uint8_t>& 
     pos += row_map_.rows[k];
   }
   group_.allreduceSum(rows, "the cross-node allreduce of the sparse gradients' rows");
-  std::vector<std::uint8_t> out(row_map_.bytes, 0);
+  all_rows_.assign(row_map_.bytes, 0);
   pos = 0;
   for (std::size_t k = 0; k < has_grad.size(); ++k) {
     if (!sparseOnly(has_grad[k])) continue;
-    std::uint8_t* touched = out.data() + row_map_.offset[k];
+    std::uint8_t* touched = all_rows_.data() + row_map_.offset[k];
     for (std::int64_t i = 0; i < row_map_.rows[k]; ++i) touched[i] = packed[pos + i] > 0 ? 1 : 0;
     pos += row_map_.rows[k];
   }
-  return out;
+  return all_rows_;
 }
 
 void CrossNode::send(Piece& piece, int result) {
@@ -249,7 +251,7 @@ int CrossNode::earlySent() const {
   return queued_;
 }
 
-void CrossNode::divide(int result, const std::vector<std::uint8_t>& has_grad, double total) {
+void CrossNode::divide(int result, c10::ArrayRef<std::uint8_t> has_grad, double total) {
   std::byte* out = segment_.result(result);
   const auto& params = binding_.params();
   for (std::size_t k = 0; k < params.size(); ++k) {

@@ -95,9 +95,9 @@ class CrossNode final : public ReductionStage {
   // For parameters whose gradients were sparse everywhere (`has_grad`,
   // everyone's): the rows touched on any node, as Reduced::rows (a collective
   // of its own, only then); empty when there are none.
-  std::vector<std::uint8_t> unionRows(const std::vector<std::uint8_t>& local,
-                                      const std::vector<std::uint8_t>& has_grad);
-  void divide(int result, const std::vector<std::uint8_t>& has_grad, double total);
+  c10::ArrayRef<std::uint8_t> unionRows(c10::ArrayRef<std::uint8_t> local,
+                                        c10::ArrayRef<std::uint8_t> has_grad);
+  void divide(int result, c10::ArrayRef<std::uint8_t> has_grad, double total);
   // The nodes' parameter checksums must agree (NodeFailed otherwise).
   void checkParameters(std::int64_t step);
 
@@ -116,6 +116,7 @@ class CrossNode final : public ReductionStage {
   at::Tensor first_buffers_;                    // firstBuffers(): node 0's first buffers
   std::vector<at::Tensor> first_buffer_views_;  // per buffer, into first_buffers_
   RowMap row_map_;
+  std::vector<std::uint8_t> all_has_grad_, all_rows_;  // reduce()'s Reduced views these
   at::Tensor metrics_;  // ShardResult::kMaxMetrics doubles, the metric sums that cross, and the
                         // sum of the nodes' squared name counts (sumMetrics)
   // The sender thread and what it shares with the parent's thread.

@@ -41,8 +41,7 @@ struct NodeStatus {
   bool non_finite = false;  // some node found a NaN or infinity
   StepSums sums;            // the metrics aside; loss is the mean loss
   int metric_nodes = 0;
-  int metric_names = 0;                // summed over the metric_nodes
-  std::vector<std::uint8_t> has_grad;  // per parameter: kDenseGrad, kSparseGrad over the nodes
+  int metric_names = 0;  // summed over the metric_nodes
 };
 
 // The stage tail for `param_count` parameters: the fields and the counts, in
@@ -66,8 +65,10 @@ std::int64_t getCount(const T* s) {
 }
 }  // namespace status_detail
 
+// This node's status; the has-grad counts of parameters past
+// local.has_grad's end (a contribution without flags) are 0.
 template <typename T>
-void writeStatus(std::byte* tail, const Contribution& local) {
+void writeStatus(std::byte* tail, const Contribution& local, std::size_t param_count) {
   auto* s = reinterpret_cast<StatusFields<T>*>(tail);
   s->failed = local.failed() ? 1 : 0;
   s->non_finite = local.nonFinite() ? 1 : 0;
@@ -77,13 +78,17 @@ void writeStatus(std::byte* tail, const Contribution& local) {
   s->metric_nodes = local.sums.metrics.count > 0 ? 1 : 0;
   s->metric_names = static_cast<T>(local.sums.metrics.count);
   T* has_grad = reinterpret_cast<T*>(tail) + kStatusFields;
-  for (std::size_t k = 0; k < local.has_grad.size(); ++k)
-    has_grad[k] = static_cast<T>(((local.has_grad[k] & kDenseGrad) ? 1 : 0) +
-                                 ((local.has_grad[k] & kSparseGrad) ? kSparseNodes : 0));
+  for (std::size_t k = 0; k < param_count; ++k) {
+    const std::uint8_t flags = k < local.has_grad.size() ? local.has_grad[k] : 0;
+    has_grad[k] =
+        static_cast<T>(((flags & kDenseGrad) ? 1 : 0) + ((flags & kSparseGrad) ? kSparseNodes : 0));
+  }
 }
 
+// The status summed over the nodes; every node's has-grad flags OR-ed into
+// `has_grad` (param_count of them).
 template <typename T>
-NodeStatus readStatus(const std::byte* tail, std::size_t param_count) {
+NodeStatus readStatus(const std::byte* tail, std::uint8_t* has_grad_out, std::size_t param_count) {
   const auto* s = reinterpret_cast<const StatusFields<T>*>(tail);
   NodeStatus out;
   out.failed = s->failed > 0;
@@ -95,10 +100,9 @@ NodeStatus readStatus(const std::byte* tail, std::size_t param_count) {
   out.metric_nodes = static_cast<int>(s->metric_nodes);
   out.metric_names = static_cast<int>(s->metric_names);
   const T* has_grad = reinterpret_cast<const T*>(tail) + kStatusFields;
-  out.has_grad.resize(param_count);
   for (std::size_t k = 0; k < param_count; ++k) {
     const auto nodes = static_cast<std::int64_t>(has_grad[k]);
-    out.has_grad[k] = static_cast<std::uint8_t>((nodes % kSparseNodes > 0 ? kDenseGrad : 0) |
+    has_grad_out[k] = static_cast<std::uint8_t>((nodes % kSparseNodes > 0 ? kDenseGrad : 0) |
                                                 (nodes / kSparseNodes > 0 ? kSparseGrad : 0));
   }
   return out;
