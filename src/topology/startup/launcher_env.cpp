@@ -32,11 +32,9 @@ std::string firstSlurmHost(const std::string& list) {
       first_of_range = true;
     } else if (c == ']') {
       --depth;
-    } else if (depth == 0) {
-      first += c;
-    } else if (c == ',' || c == '-') {
+    } else if (depth > 0 && (c == ',' || c == '-')) {
       first_of_range = false;
-    } else if (first_of_range) {
+    } else if (depth == 0 || first_of_range) {
       first += c;
     }
   }
