@@ -262,8 +262,8 @@ void CrossNode::divide(int result, c10::ArrayRef<std::uint8_t> has_grad, double 
 }
 
 const std::byte* CrossNode::firstBuffers(const std::byte* local) {
-  if (!gather_buffers_) return local;
   const std::uint64_t bytes = segment_.layout.sizes.buffer_bytes;
+  if (!gather_buffers_ || bytes == 0) return local;  // no buffers: nothing to share
   if (!first_buffers_.defined()) {
     first_buffers_ = at::empty({static_cast<std::int64_t>(bytes)}, at::kByte);
     for (const TensorEntry& e : binding_.buffers())
